@@ -1,0 +1,11 @@
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
+
+#[cfg(all(scalemem_loom, feature = "loom"))]
+extern crate loom;
+
+pub mod cpu;
+pub mod epoch;
+mod os;
+mod sync;
+pub mod util;
