@@ -20,6 +20,7 @@ pub(crate) fn page_round(len: usize) -> Option<usize> {
 }
 
 /// Maps `len` bytes (rounded up to pages) of zeroed, private, read-write memory.
+#[cfg(not(scalemem_loom))]
 pub(crate) fn map(len: usize) -> Result<NonNull<u8>, AllocError> {
     let len = page_round(len.max(1)).ok_or(AllocError)?;
     // SAFETY: an anonymous private mapping at an address of the kernel's choosing aliases
@@ -36,11 +37,38 @@ pub(crate) fn map(len: usize) -> Result<NonNull<u8>, AllocError> {
     NonNull::new(ptr.cast()).ok_or(AllocError)
 }
 
+/// Under loom: page-aligned zeroed memory from the global allocator, which loom runs
+/// thousands of times per model (an mmap per iteration dominated their run time).
+#[cfg(scalemem_loom)]
+pub(crate) fn map(len: usize) -> Result<NonNull<u8>, AllocError> {
+    let layout = loom_layout(len)?;
+    // SAFETY: the layout has a non-zero size.
+    NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).ok_or(AllocError)
+}
+
+#[cfg(scalemem_loom)]
+fn loom_layout(len: usize) -> Result<std::alloc::Layout, AllocError> {
+    let len = page_round(len.max(1)).ok_or(AllocError)?;
+    std::alloc::Layout::from_size_align(len, page_size()).map_err(|_| AllocError)
+}
+
+/// Under loom: frees memory from the loom [`map`].
+///
+/// # Safety
+/// As for the non-loom `unmap`.
+#[cfg(scalemem_loom)]
+pub(crate) unsafe fn unmap(ptr: NonNull<u8>, len: usize) {
+    let layout = loom_layout(len).expect("length was accepted by map");
+    // SAFETY: allocated by map() with this layout; no longer used.
+    unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
+}
+
 /// Unmaps memory returned by [`map`].
 ///
 /// # Safety
 /// 1. `ptr` and `len` are exactly what a call to [`map`] was given and returned.
 /// 2. Nothing refers to the memory any more.
+#[cfg(not(scalemem_loom))]
 pub(crate) unsafe fn unmap(ptr: NonNull<u8>, len: usize) {
     let len = page_round(len.max(1)).expect("length was accepted by map");
     // SAFETY: (1) the range is a whole mapping of ours; (2) nothing uses it.
@@ -50,6 +78,7 @@ pub(crate) unsafe fn unmap(ptr: NonNull<u8>, len: usize) {
     debug_assert!(result.is_ok());
 }
 
+#[cfg(not(scalemem_loom))]
 /// Reads an environment variable without allocating (glibc's `getenv` copies nothing).
 /// `name` must end with a NUL byte. Returns the value's bytes.
 pub(crate) fn getenv(name: &'static [u8]) -> Option<&'static [u8]> {

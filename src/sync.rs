@@ -13,9 +13,10 @@ compile_error!("`--cfg scalemem_loom` needs the `loom` feature: build with `--fe
 
 #[cfg(not(scalemem_loom))]
 mod imp {
+    #[allow(unused_imports)] // the facade offers the full set; each mode uses a subset
     pub(crate) mod atomic {
         pub(crate) use core::sync::atomic::{
-            AtomicBool, AtomicIsize, AtomicPtr, AtomicU8, AtomicU32, AtomicUsize, Ordering,
+            AtomicBool, AtomicIsize, AtomicPtr, AtomicU8, AtomicUsize, Ordering,
             compiler_fence, fence,
         };
     }
@@ -58,9 +59,10 @@ mod imp {
 
 #[cfg(scalemem_loom)]
 mod imp {
+    #[allow(unused_imports)] // the facade offers the full set; each mode uses a subset
     pub(crate) mod atomic {
         pub(crate) use loom::sync::atomic::{
-            AtomicBool, AtomicIsize, AtomicPtr, AtomicU8, AtomicU32, AtomicUsize, Ordering, fence,
+            AtomicBool, AtomicIsize, AtomicPtr, AtomicU8, AtomicUsize, Ordering, fence,
         };
 
         /// Loom has no compiler fence; a SeqCst fence is the conservative model of it.
@@ -69,6 +71,7 @@ mod imp {
         }
     }
     pub(crate) use loom::cell::UnsafeCell;
+    pub(crate) use loom::lazy_static;
     pub(crate) use loom::thread::yield_now;
     pub(crate) use loom::thread_local;
 

@@ -8,6 +8,8 @@
 //!   SeqCst fallback chosen at run time.
 //! - [`rseq`]: per-CPU operations that commit with one store and restart if the thread is
 //!   preempted, migrated or signalled, so they need no atomic instruction.
+//! - [`PerCpuCounter`] and [`PerCpuStack`]: a sloppy counter and bounded pointer stacks
+//!   built on them, with try-lock/atomic fallbacks chosen at run time.
 //!
 //! # Invariants
 //! - Nothing here allocates through the global allocator: memory comes from `mmap`,
@@ -15,12 +17,17 @@
 //! - A CPU number is a hint. Everything built on it is correct for any answer; rseq
 //!   sections re-read it inside the section, where it is exact.
 
+mod counter;
 pub mod fence;
 mod id;
 mod percpu;
+pub mod rseq;
+mod stack;
 
+pub use counter::PerCpuCounter;
 pub use id::{current, possible, rseq_enabled};
 pub use percpu::PerCpu;
+pub use stack::PerCpuStack;
 
 #[cfg(not(scalemem_loom))]
 pub(crate) use id::{rseq_abi, rseq_area};

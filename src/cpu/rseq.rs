@@ -1,0 +1,534 @@
+//! Restartable sequences: per-CPU updates that commit with one ordinary store and that
+//! the kernel restarts if the thread is preempted, migrated or signalled before the
+//! commit, so they need no atomic (`lock`-prefixed) instruction.
+//!
+//! These are the raw critical sections, written in `asm!` for x86_64 Linux with glibc.
+//! The safe structures built on them are [`PerCpuCounter`](crate::cpu::PerCpuCounter)
+//! and [`PerCpuStack`](crate::cpu::PerCpuStack); use those unless you are building
+//! another per-CPU structure.
+//!
+//! # Protocol
+//!
+//! glibc (2.35+) registers a `struct rseq` for every thread with the signature
+//! `0x53053053` ([`thread_area`] finds it). Its `cpu_id` field (offset 4) is the CPU
+//! the thread runs on, and its `rseq_cs` field (offset 8) points to the descriptor of the
+//! critical section the thread is in, or is null. A descriptor, in the `__rseq_cs`
+//! section, 32-byte aligned, reads
+//!
+//! ```text
+//! struct rseq_cs { u32 version = 0; u32 flags = 0;
+//!                  u64 start_ip; u64 post_commit_offset; u64 abort_ip; }
+//! ```
+//!
+//! Each critical section here has this shape:
+//!
+//! ```text
+//! 2:  (re)arm:  rseq_cs = &descriptor          -- last instruction before start_ip
+//! 4:  start_ip: cpu = rseq.cpu_id
+//!               bail out (to 9) if cpu >= ncpus, or the stack is full / empty
+//!               loads, and stores that are harmless if never committed
+//!               the commit: ONE store (or one `add` to memory)
+//! 5:  post_commit_ip
+//!               jmp 9                         -- the fast path jumps over the abort
+//!     .byte 0x0f, 0xb9, 0x3d; .long 0x53053053 -- signature: abort_ip - 4 holds it
+//! 6:  abort_ip: jmp 2                         -- re-arm and start again
+//! 9:  done
+//! ```
+//!
+//! When the kernel is about to return to user space in a thread that was preempted,
+//! migrated, or is about to run a signal handler, it reads `rseq_cs`; if the interrupted
+//! instruction pointer lies in `[start_ip, start_ip + post_commit_offset)`, it checks
+//! that the four bytes before `abort_ip` equal the registered signature (a mismatch
+//! kills the thread with `SIGSEGV`), clears `rseq_cs`, and resumes at `abort_ip` instead
+//! (for a signal: the handler runs first, then returns to `abort_ip`). It also rewrites
+//! `cpu_id` before the thread runs another user instruction on a new CPU.
+//!
+//! # Invariants, and why the sections are correct
+//!
+//! - **The commit is the last instruction of the section.** Every earlier instruction
+//!   only reads, or writes registers, or writes memory no reader looks at (a stack slot
+//!   beyond `len`). An x86 instruction is never interrupted half-way, so when the kernel
+//!   sees the instruction pointer inside the section, the commit has not happened, and
+//!   restarting from the top repeats nothing that anyone observed. Once the commit has
+//!   executed, the instruction pointer is at `post_commit_ip`, outside the section, and
+//!   the kernel leaves the thread alone.
+//! - **Aborting before the commit is harmless**, for the same reason: the abort handler
+//!   jumps back to the arming store, which re-reads `cpu_id` (possibly a new CPU) and
+//!   recomputes everything.
+//! - **Only the owning CPU ever writes a slot's rseq-managed words**, and between two
+//!   threads that write it the CPU went through a context switch, which is a full
+//!   barrier. So a plain `add` to memory or `mov` is as good as an atomic RMW for the
+//!   CPU that owns the slot, and a thread that read `cpu_id == c` and then left CPU `c`
+//!   is aborted before it can commit to `c`'s slot. Other CPUs may read these words
+//!   concurrently (a counter sum, a length hint): an aligned 8-byte `mov` is
+//!   single-copy atomic on x86_64, so to the Rust memory model each access in the
+//!   sections behaves like a `Relaxed` atomic load or store of the same word, and the
+//!   structures declare those words as atomics.
+//! - **Ordering.** Within one CPU's slot, the CPU itself serialises every access (x86
+//!   stores are seen in program order, and context switches and migrations are full
+//!   barriers). A `push` therefore behaves as a Release of the pushed item and a `pop`
+//!   as an Acquire: what the pusher wrote before pushing is visible to the popper. The
+//!   `asm!` blocks are memory clobbers, so the compiler moves no access across them.
+//! - **Arming.** The store of the descriptor's address into `rseq_cs` is the
+//!   instruction right before `start_ip`. Preempted before it, the thread has no section
+//!   armed (or a stale one whose range does not contain the instruction pointer, which
+//!   the kernel clears); preempted after it, the instruction pointer is `start_ip`,
+//!   inside the section. There is no window in between. The kernel clears `rseq_cs` on
+//!   abort, which is why the abort handler jumps back to the arming store rather than to
+//!   `start_ip`. After a section finishes `rseq_cs` keeps pointing at its descriptor,
+//!   which is static data; the kernel clears it lazily once it sees the instruction
+//!   pointer outside the range.
+//! - **The area is valid**: [`thread_area`] computes it on the calling thread from the
+//!   thread pointer and glibc's `__rseq_offset`; glibc registered it when the thread
+//!   started and unregisters it only when the thread exits, and it lives in the thread's
+//!   control block, so it outlives any call on that thread. Passing another thread's
+//!   area would be wrong: the kernel only watches the registered area of the running
+//!   thread. Every function here therefore takes the area as an argument that must come
+//!   from [`thread_area`] on the calling thread, in the same call chain.
+//! - **Signals**: a signal handler that runs its own critical section arms `rseq_cs`
+//!   itself; the interrupted section had already been redirected to its abort handler,
+//!   which re-arms. Nesting is therefore safe.
+//! - Nothing here allocates, blocks, or touches the stack (`options(nostack)`).
+//!
+//! On other targets, and under `cfg(scalemem_loom)`, [`thread_area`] is always `None`
+//! and the functions report failure (`false` / null) without touching memory, so callers
+//! always need their fallback path.
+
+/// This thread's glibc-registered rseq area, or `None` when rseq is disabled
+/// (`SCALEMEM_RSEQ=0`, `GLIBC_TUNABLES=glibc.pthread.rseq=0`, a target without our
+/// critical sections, loom) or this thread's registration failed.
+///
+/// The pointer is valid for the calling thread only, as long as it runs; pass it only to
+/// the functions of this module, on this thread.
+///
+/// ```
+/// if scalemem::cpu::rseq::thread_area().is_some() {
+///     assert!(scalemem::cpu::rseq_enabled());
+/// }
+/// ```
+#[inline]
+pub fn thread_area() -> Option<*mut u8> {
+    #[cfg(not(scalemem_loom))]
+    {
+        super::rseq_area()
+    }
+    #[cfg(scalemem_loom)]
+    {
+        None
+    }
+}
+
+#[cfg(all(
+    target_arch = "x86_64",
+    target_os = "linux",
+    target_env = "gnu",
+    not(scalemem_loom)
+))]
+pub use x86_64::{add, pop, push};
+
+#[cfg(not(all(
+    target_arch = "x86_64",
+    target_os = "linux",
+    target_env = "gnu",
+    not(scalemem_loom)
+)))]
+pub use fallback::{add, pop, push};
+
+#[cfg(all(
+    target_arch = "x86_64",
+    target_os = "linux",
+    target_env = "gnu",
+    not(scalemem_loom)
+))]
+mod x86_64 {
+    use crate::cpu::rseq_abi::{CPU_ID, RSEQ_CS, SIGNATURE};
+
+    /// Adds `delta` to the current CPU's word: the `isize` at `word0 + cpu * stride`
+    /// bytes, where `cpu` is read inside the critical section. Returns `false`, having
+    /// changed nothing, if the CPU number is not below `ncpus`.
+    ///
+    /// The update is a non-atomic read-modify-write that the owning CPU commits with one
+    /// `add qword ptr [..], reg`; the sum wraps on overflow.
+    ///
+    /// # Safety
+    /// 1. `area` was returned by [`thread_area`](super::thread_area) on the calling thread.
+    /// 2. For every `cpu < ncpus`, `word0.byte_add(cpu * stride)` is valid for reads and
+    ///    writes of an 8-byte-aligned `isize` for the duration of the call, and the
+    ///    product does not overflow.
+    /// 3. Those words are written only by this function (possibly from many threads);
+    ///    other code may read them concurrently with atomic loads, but never writes them
+    ///    while anyone may call this function on them (an atomic RMW from a thread
+    ///    without rseq would race with the plain `add`, losing updates).
+    ///
+    /// ```
+    /// use scalemem::cpu::{possible, rseq};
+    ///
+    /// let n = possible();
+    /// let mut words = vec![0isize; n]; // stride 8: correct, though CPUs share lines
+    /// if let Some(area) = rseq::thread_area() {
+    ///     // SAFETY: `area` is this thread's; `words` holds `n` aligned isizes 8 bytes
+    ///     // apart, and nothing else writes them.
+    ///     let done = unsafe { rseq::add(area, words.as_mut_ptr(), 8, n, 5) };
+    ///     assert!(done);
+    ///     assert_eq!(words.iter().sum::<isize>(), 5);
+    /// }
+    /// ```
+    #[inline]
+    pub unsafe fn add(
+        area: *mut u8,
+        word0: *mut isize,
+        stride: usize,
+        ncpus: usize,
+        delta: isize,
+    ) -> bool {
+        let ok: u32;
+        // SAFETY: the section reads `cpu_id` and writes `rseq_cs` of this thread's live
+        // area (1), and adds to the word of a CPU below `ncpus` (2, 3). See the module
+        // documentation for why a restart can neither lose nor repeat the update. The
+        // block does not use the stack, and declares every register it writes; flags
+        // are clobbered (no `preserves_flags`), memory is clobbered (no `nomem`).
+        unsafe {
+            core::arch::asm!(
+                ".pushsection __rseq_cs, \"aw\"",
+                ".balign 32",
+                "3:",
+                ".long 0, 0",
+                ".quad 4f, (5f - 4f), 6f",
+                ".popsection",
+                "xor {ok:e}, {ok:e}",
+                "2:",
+                "lea {cpu}, [rip + 3b]",
+                "mov qword ptr [{area} + {rseq_cs}], {cpu}",
+                "4:",
+                "mov {cpu:e}, dword ptr [{area} + {cpu_id}]",
+                "cmp {cpu}, {ncpus}",
+                "jae 9f",
+                "imul {cpu}, {stride}",
+                // The commit.
+                "add qword ptr [{word0} + {cpu}], {delta}",
+                "5:",
+                "mov {ok:e}, 1",
+                "jmp 9f",
+                ".byte 0x0f, 0xb9, 0x3d",
+                ".long {signature}",
+                "6:",
+                "jmp 2b",
+                "9:",
+                area = in(reg) area,
+                word0 = in(reg) word0,
+                stride = in(reg) stride,
+                ncpus = in(reg) ncpus,
+                delta = in(reg) delta,
+                cpu = out(reg) _,
+                ok = out(reg) ok,
+                rseq_cs = const RSEQ_CS,
+                cpu_id = const CPU_ID,
+                signature = const SIGNATURE,
+                options(nostack),
+            );
+        }
+        ok != 0
+    }
+
+    /// Pushes `item` on the current CPU's stack. Returns `false`, having changed
+    /// nothing, if that stack is full or the CPU number is not below `ncpus`.
+    ///
+    /// The stack of CPU `cpu` has its header at `header0 + cpu * stride` bytes:
+    ///
+    /// ```text
+    /// #[repr(C)] struct Header { len: usize, slots: [*mut (); cap] }
+    /// ```
+    ///
+    /// The section stores `item` into `slots[len]` (beyond `len`, so harmless if never
+    /// committed) and commits by storing `len + 1`.
+    ///
+    /// # Safety
+    /// 1. `area` was returned by [`thread_area`](super::thread_area) on the calling thread.
+    /// 2. For every `cpu < ncpus` there is a valid, 8-byte-aligned header of that layout
+    ///    with `cap` slots at `header0.byte_add(cpu * stride)`, readable and writable for
+    ///    the duration of the call, with `len <= cap`.
+    /// 3. While any thread may run [`push`] or [`pop`] on these headers, nothing else
+    ///    writes them (other threads may read `len` with atomic loads).
+    ///
+    /// ```
+    /// use scalemem::cpu::{possible, rseq};
+    ///
+    /// #[repr(C)]
+    /// struct Header { len: usize, slots: [*mut (); 4] }
+    /// let n = possible();
+    /// let mut headers: Vec<Header> =
+    ///     (0..n).map(|_| Header { len: 0, slots: [std::ptr::null_mut(); 4] }).collect();
+    /// let base = headers.as_mut_ptr().cast::<u8>();
+    /// let stride = size_of::<Header>();
+    /// let mut value = 7u32;
+    /// let item = (&raw mut value).cast::<()>();
+    /// if let Some(area) = rseq::thread_area() {
+    ///     // SAFETY: `area` is this thread's; `headers` holds `n` valid, empty headers
+    ///     // `stride` bytes apart that nothing else touches.
+    ///     unsafe {
+    ///         if rseq::push(area, base, stride, n, 4, item) {
+    ///             // Possibly on another CPU now: the item may sit in another stack.
+    ///             let popped = rseq::pop(area, base, stride, n);
+    ///             assert!(popped.is_null() || popped == item);
+    ///         }
+    ///     }
+    ///     assert!(headers.iter().map(|h| h.len).sum::<usize>() <= 1);
+    /// }
+    /// ```
+    #[inline]
+    pub unsafe fn push(
+        area: *mut u8,
+        header0: *mut u8,
+        stride: usize,
+        ncpus: usize,
+        cap: usize,
+        item: *mut (),
+    ) -> bool {
+        let ok: u32;
+        // SAFETY: as in `add`: this thread's live area (1); the header of a CPU below
+        // `ncpus` (2), written only by these sections (3). The slot store lands beyond
+        // `len`, where no reader looks, and is only published by the committing store of
+        // `len + 1`, the last instruction of the section.
+        unsafe {
+            core::arch::asm!(
+                ".pushsection __rseq_cs, \"aw\"",
+                ".balign 32",
+                "3:",
+                ".long 0, 0",
+                ".quad 4f, (5f - 4f), 6f",
+                ".popsection",
+                "xor {ok:e}, {ok:e}",
+                "2:",
+                "lea {hdr}, [rip + 3b]",
+                "mov qword ptr [{area} + {rseq_cs}], {hdr}",
+                "4:",
+                "mov {hdr:e}, dword ptr [{area} + {cpu_id}]",
+                "cmp {hdr}, {ncpus}",
+                "jae 9f",
+                "imul {hdr}, {stride}",
+                "add {hdr}, {header0}",
+                "mov {len}, qword ptr [{hdr}]",
+                "cmp {len}, {cap}",
+                "jae 9f",
+                "mov qword ptr [{hdr} + 8*{len} + 8], {item}",
+                "add {len}, 1",
+                // The commit.
+                "mov qword ptr [{hdr}], {len}",
+                "5:",
+                "mov {ok:e}, 1",
+                "jmp 9f",
+                ".byte 0x0f, 0xb9, 0x3d",
+                ".long {signature}",
+                "6:",
+                "jmp 2b",
+                "9:",
+                area = in(reg) area,
+                header0 = in(reg) header0,
+                stride = in(reg) stride,
+                ncpus = in(reg) ncpus,
+                cap = in(reg) cap,
+                item = in(reg) item,
+                hdr = out(reg) _,
+                len = out(reg) _,
+                ok = out(reg) ok,
+                rseq_cs = const RSEQ_CS,
+                cpu_id = const CPU_ID,
+                signature = const SIGNATURE,
+                options(nostack),
+            );
+        }
+        ok != 0
+    }
+
+    /// Pops the top item of the current CPU's stack (layout as for [`push`]). Returns
+    /// null, having changed nothing, if that stack is empty or the CPU number is not
+    /// below `ncpus`.
+    ///
+    /// The section loads `slots[len - 1]` into a register and commits by storing
+    /// `len - 1`; the item is returned only once the commit has executed, so an aborted
+    /// attempt never hands out an item that stays on the stack.
+    ///
+    /// # Safety
+    /// As for [`push`].
+    ///
+    /// ```
+    /// use scalemem::cpu::{possible, rseq};
+    ///
+    /// let n = possible();
+    /// let mut headers = vec![0usize; 2 * n]; // { len, slots: [_; 1] } per CPU
+    /// if let Some(area) = rseq::thread_area() {
+    ///     // SAFETY: `area` is this thread's; `headers` holds `n` empty one-slot
+    ///     // headers 16 bytes apart that nothing else touches.
+    ///     let popped = unsafe { rseq::pop(area, headers.as_mut_ptr().cast(), 16, n) };
+    ///     assert!(popped.is_null());
+    /// }
+    /// ```
+    #[inline]
+    pub unsafe fn pop(area: *mut u8, header0: *mut u8, stride: usize, ncpus: usize) -> *mut () {
+        let item: *mut ();
+        // SAFETY: as in `push`. The item register is zeroed at every (re)start, loaded
+        // from below `len`, and the only store is the commit of `len - 1`.
+        unsafe {
+            core::arch::asm!(
+                ".pushsection __rseq_cs, \"aw\"",
+                ".balign 32",
+                "3:",
+                ".long 0, 0",
+                ".quad 4f, (5f - 4f), 6f",
+                ".popsection",
+                "2:",
+                "xor {item:e}, {item:e}",
+                "lea {hdr}, [rip + 3b]",
+                "mov qword ptr [{area} + {rseq_cs}], {hdr}",
+                "4:",
+                "mov {hdr:e}, dword ptr [{area} + {cpu_id}]",
+                "cmp {hdr}, {ncpus}",
+                "jae 9f",
+                "imul {hdr}, {stride}",
+                "add {hdr}, {header0}",
+                "mov {len}, qword ptr [{hdr}]",
+                "test {len}, {len}",
+                "jz 9f",
+                // slots[len - 1] is at hdr + 8 + 8 * (len - 1) = hdr + 8 * len.
+                "mov {item}, qword ptr [{hdr} + 8*{len}]",
+                "sub {len}, 1",
+                // The commit.
+                "mov qword ptr [{hdr}], {len}",
+                "5:",
+                "jmp 9f",
+                ".byte 0x0f, 0xb9, 0x3d",
+                ".long {signature}",
+                "6:",
+                "jmp 2b",
+                "9:",
+                area = in(reg) area,
+                header0 = in(reg) header0,
+                stride = in(reg) stride,
+                ncpus = in(reg) ncpus,
+                hdr = out(reg) _,
+                len = out(reg) _,
+                item = out(reg) item,
+                rseq_cs = const RSEQ_CS,
+                cpu_id = const CPU_ID,
+                signature = const SIGNATURE,
+                options(nostack),
+            );
+        }
+        item
+    }
+}
+
+/// Targets without our critical sections: every operation reports failure and touches
+/// nothing. [`thread_area`] is always `None` there, so these are never reached through
+/// the safe structures.
+#[cfg(not(all(
+    target_arch = "x86_64",
+    target_os = "linux",
+    target_env = "gnu",
+    not(scalemem_loom)
+)))]
+mod fallback {
+    /// No rseq on this target: returns `false` and changes nothing.
+    ///
+    /// # Safety
+    /// None needed; `unsafe` only to match the x86_64 signature.
+    #[inline]
+    pub unsafe fn add(
+        _area: *mut u8,
+        _word0: *mut isize,
+        _stride: usize,
+        _ncpus: usize,
+        _delta: isize,
+    ) -> bool {
+        false
+    }
+
+    /// No rseq on this target: returns `false` and changes nothing.
+    ///
+    /// # Safety
+    /// None needed; `unsafe` only to match the x86_64 signature.
+    #[inline]
+    pub unsafe fn push(
+        _area: *mut u8,
+        _header0: *mut u8,
+        _stride: usize,
+        _ncpus: usize,
+        _cap: usize,
+        _item: *mut (),
+    ) -> bool {
+        false
+    }
+
+    /// No rseq on this target: returns null and changes nothing.
+    ///
+    /// # Safety
+    /// None needed; `unsafe` only to match the x86_64 signature.
+    #[inline]
+    pub unsafe fn pop(_area: *mut u8, _header0: *mut u8, _stride: usize, _ncpus: usize) -> *mut () {
+        core::ptr::null_mut()
+    }
+}
+
+#[cfg(all(
+    test,
+    target_arch = "x86_64",
+    target_os = "linux",
+    target_env = "gnu",
+    not(scalemem_loom)
+))]
+mod tests {
+    use super::*;
+
+    #[repr(C, align(128))]
+    struct Header {
+        len: usize,
+        slots: [*mut (); 2],
+    }
+
+    #[test]
+    fn sections_work_on_one_thread() {
+        let Some(area) = thread_area() else { return };
+        let n = crate::cpu::possible();
+        let mut words = vec![0isize; n * 16];
+        for _ in 0..1000 {
+            // SAFETY: this thread's area; n words 128 bytes apart, written only here.
+            assert!(unsafe { add(area, words.as_mut_ptr(), 128, n, 3) });
+        }
+        // SAFETY: as above.
+        assert!(unsafe { add(area, words.as_mut_ptr(), 128, n, -1) });
+        assert_eq!(words.iter().sum::<isize>(), 2999);
+        // ncpus = 0: every CPU number is out of range, nothing happens.
+        // SAFETY: no word is touched when ncpus is 0.
+        assert!(!unsafe { add(area, words.as_mut_ptr(), 128, 0, 1) });
+        assert_eq!(words.iter().sum::<isize>(), 2999);
+
+        let mut headers: Vec<Header> = (0..n)
+            .map(|_| Header {
+                len: 0,
+                slots: [core::ptr::null_mut(); 2],
+            })
+            .collect();
+        let base = headers.as_mut_ptr().cast::<u8>();
+        let stride = size_of::<Header>();
+        let a = core::ptr::without_provenance_mut::<()>(0x1000);
+        // Pin so the current CPU's stack stays the same one.
+        let original = rustix::thread::sched_getaffinity(None).unwrap();
+        let mut one = rustix::thread::CpuSet::new();
+        one.set(crate::cpu::current());
+        rustix::thread::sched_setaffinity(None, &one).unwrap();
+        // SAFETY: this thread's area; n valid two-slot headers `stride` apart.
+        unsafe {
+            assert!(pop(area, base, stride, n).is_null());
+            assert!(push(area, base, stride, n, 2, a));
+            assert!(push(area, base, stride, n, 2, a.wrapping_byte_add(8)));
+            assert!(!push(area, base, stride, n, 2, a.wrapping_byte_add(16)));
+            assert!(!push(area, base, stride, 0, 2, a));
+            assert!(pop(area, base, stride, 0).is_null());
+            assert_eq!(pop(area, base, stride, n), a.wrapping_byte_add(8));
+            assert_eq!(pop(area, base, stride, n), a);
+            assert!(pop(area, base, stride, n).is_null());
+        }
+        rustix::thread::sched_setaffinity(None, &original).unwrap();
+        assert!(headers.iter().all(|h| h.len == 0));
+    }
+}

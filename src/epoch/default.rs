@@ -1,0 +1,167 @@
+//! The process-wide default collector and each thread's registration with it.
+//!
+//! Registration must not allocate through the global allocator (the allocator pins on
+//! its own paths), and must not rely on `thread_local!` destructors, which std
+//! registers lazily in an allocating list. So the thread's record pointer lives in a
+//! `const`-initialised, destructor-free thread-local (a plain TLS slot), and thread exit
+//! is observed with a pthread key whose destructor releases the record. A thread that
+//! pins after its key destructor ran (from another thread-local destructor) gets a
+//! temporary record for the duration of the call, as does every call where the key
+//! could not be created.
+
+use super::collector::Collector;
+use super::guard::Guard;
+
+#[cfg(not(scalemem_loom))]
+mod imp {
+    use core::cell::Cell;
+    use core::ptr::{self, NonNull};
+
+    use super::super::collector::Collector;
+    use super::super::internal::{Global, Local};
+    use crate::sync::atomic::{AtomicUsize, Ordering};
+
+    static DEFAULT_GLOBAL: Global = Global::new_static();
+
+    /// The default collector: a reference to a static that is never torn down.
+    pub(super) static COLLECTOR: Collector = Collector {
+        // SAFETY: the address of a static is never null.
+        global: unsafe { NonNull::new_unchecked(&DEFAULT_GLOBAL as *const Global as *mut Global) },
+    };
+
+    /// Marks a thread whose key destructor has run: later pins use temporary records.
+    const EXITED: *const Local = 1 as *const Local;
+
+    crate::sync::thread_local! {
+        static RECORD: Cell<*const Local> = const { Cell::new(ptr::null()) };
+    }
+
+    /// The pthread key whose destructor releases a thread's record; 0 until created,
+    /// then key + 1. Acquire/Release: the winner's key value is all that is published.
+    static KEY: AtomicUsize = AtomicUsize::new(0);
+
+    fn key() -> Option<libc::pthread_key_t> {
+        // Acquire: pairs with the Release CAS below.
+        match KEY.load(Ordering::Acquire) {
+            0 => {}
+            k => return Some((k - 1) as libc::pthread_key_t),
+        }
+        let mut key: libc::pthread_key_t = 0;
+        // SAFETY: `key` is a valid out-pointer and `release_at_exit` has the signature
+        // pthread destructors need.
+        if unsafe { libc::pthread_key_create(&mut key, Some(release_at_exit)) } != 0 {
+            return None;
+        }
+        // Release: publishes the created key to the Acquire loads above.
+        match KEY.compare_exchange(0, key as usize + 1, Ordering::Release, Ordering::Acquire) {
+            Ok(_) => Some(key),
+            Err(winner) => {
+                // SAFETY: our key was never used; another thread's won.
+                unsafe { libc::pthread_key_delete(key) };
+                Some((winner - 1) as libc::pthread_key_t)
+            }
+        }
+    }
+
+    /// Thread-exit hook: releases the thread's handle on its record.
+    unsafe extern "C" fn release_at_exit(record: *mut libc::c_void) {
+        let _ = RECORD.try_with(|slot| slot.set(EXITED));
+        if let Some(local) = NonNull::new(record.cast::<Local>()) {
+            // SAFETY: the key's value is the record this thread registered, on which it
+            // holds the handle released here; the thread no longer uses it.
+            unsafe { Local::release_handle(local) };
+        }
+    }
+
+    /// Calls `f` with this thread's record, registering the thread on first use.
+    #[inline]
+    pub(super) fn with_local<R>(f: impl FnOnce(NonNull<Local>) -> R) -> R {
+        let current = RECORD.try_with(Cell::get).unwrap_or(EXITED);
+        match NonNull::new(current as *mut Local) {
+            Some(local) if current != EXITED => f(local),
+            _ => with_local_slow(current, f),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn with_local_slow<R>(current: *const Local, f: impl FnOnce(NonNull<Local>) -> R) -> R {
+        let local = Global::register(COLLECTOR.global)
+            .unwrap_or_else(|_| std::alloc::handle_alloc_error(std::alloc::Layout::new::<Local>()));
+        if current.is_null() {
+            if let Some(key) = key() {
+                // SAFETY: `key` is a live key; the value is this thread's record.
+                if unsafe { libc::pthread_setspecific(key, local.as_ptr().cast()) } == 0 {
+                    let _ = RECORD.try_with(|slot| slot.set(local.as_ptr()));
+                    return f(local);
+                }
+            }
+        }
+        // A temporary registration: the thread is exiting, or exit cannot be observed.
+        struct Release(NonNull<Local>);
+        impl Drop for Release {
+            fn drop(&mut self) {
+                // SAFETY: the temporary handle taken by register() above.
+                unsafe { Local::release_handle(self.0) };
+            }
+        }
+        let _release = Release(local);
+        f(local)
+    }
+}
+
+#[cfg(scalemem_loom)]
+mod imp {
+    use core::ptr::NonNull;
+
+    use super::super::collector::{Collector, LocalHandle};
+    use super::super::internal::Local;
+
+    crate::sync::lazy_static! {
+        pub(super) static ref COLLECTOR: Collector = Collector::new();
+    }
+
+    crate::sync::thread_local! {
+        static HANDLE: LocalHandle = COLLECTOR.register();
+    }
+
+    pub(super) fn with_local<R>(f: impl FnOnce(NonNull<Local>) -> R) -> R {
+        HANDLE.with(|handle| f(handle.local))
+    }
+}
+
+/// Pins the current thread in the default collector.
+///
+/// ```
+/// let guard = scalemem::epoch::pin();
+/// assert!(scalemem::epoch::is_pinned());
+/// drop(guard);
+/// assert!(!scalemem::epoch::is_pinned());
+/// ```
+#[inline]
+pub fn pin() -> Guard {
+    // SAFETY: with_local passes a record claimed by this thread, which stays claimed
+    // while the guard's pin lives (unpin finalises only after the last guard).
+    imp::with_local(|local| unsafe { Guard::enter(local) })
+}
+
+/// Whether the current thread is pinned in the default collector.
+///
+/// ```
+/// assert!(!scalemem::epoch::is_pinned());
+/// ```
+#[inline]
+pub fn is_pinned() -> bool {
+    // SAFETY: with_local passes a live, claimed record of this thread.
+    imp::with_local(|local| unsafe { local.as_ref() }.is_pinned())
+}
+
+/// The process-wide default collector.
+///
+/// ```
+/// let c = scalemem::epoch::default_collector();
+/// let _ = c.epoch();
+/// ```
+pub fn default_collector() -> &'static Collector {
+    &imp::COLLECTOR
+}

@@ -1,0 +1,123 @@
+//! The epoch read side and the intrusive retire path never call the global allocator
+//! (the allocator will pin on its own paths). A counting allocator checks it; this file
+//! runs without the test harness so no runner thread allocates meanwhile.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, SeqCst};
+
+use scalemem::epoch::{self, Atomic, Retired, Shared};
+
+struct Counting;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCS: Cell<usize> = const { Cell::new(0) };
+}
+
+// SAFETY: forwards to System; the counting touches only const thread-locals.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.with(Cell::get) {
+            ALLOCS.with(|a| a.set(a.get() + 1));
+        }
+        // SAFETY: forwarded unchanged.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded unchanged.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Allocations made by `f` on this thread.
+fn allocations_in(f: impl FnOnce()) -> usize {
+    ALLOCS.with(|a| a.set(0));
+    COUNTING.with(|c| c.set(true));
+    f();
+    COUNTING.with(|c| c.set(false));
+    ALLOCS.with(Cell::get)
+}
+
+#[repr(C)]
+struct Node {
+    link: Retired,
+    value: usize,
+}
+
+static FREED: AtomicUsize = AtomicUsize::new(0);
+
+unsafe fn reclaim(link: NonNull<Retired>) {
+    // SAFETY: every retired link is the first field of a Node from `NODES` below; the
+    // nodes are statically allocated, so reclaiming only counts.
+    let node = unsafe { &*link.as_ptr().cast::<Node>() };
+    assert!(node.value < 1 << 20);
+    FREED.fetch_add(1, SeqCst);
+}
+
+fn main() {
+    // Pre-allocate everything the measured loops touch, so only scalemem can allocate.
+    const N: usize = 50_000;
+    let nodes: &'static mut [Node] =
+        Box::leak((0..N).map(|value| Node { link: Retired::new(), value }).collect::<Vec<_>>().into_boxed_slice());
+    let slot: &'static Atomic<u64> = Box::leak(Box::new(Atomic::new(1)));
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+
+    // First use registers the thread and maps its first bag chunk (mmap, not malloc).
+    drop(epoch::pin());
+
+    let pins = allocations_in(|| {
+        for _ in 0..100_000 {
+            let guard = epoch::pin();
+            let p = slot.load(Acquire, &guard);
+            // SAFETY: loaded under `guard`.
+            assert_eq!(unsafe { *p.deref() }, 1);
+        }
+    });
+    assert_eq!(pins, 0, "pin/load/unpin allocated");
+
+    let retires = allocations_in(|| {
+        for node in nodes.iter_mut() {
+            let guard = epoch::pin();
+            // SAFETY: each node is retired once and never shared; reclaim only counts.
+            unsafe { guard.retire(NonNull::from(&mut node.link), reclaim) };
+        }
+        for _ in 0..1000 {
+            epoch::pin().flush();
+        }
+    });
+    assert_eq!(retires, 0, "intrusive retire/flush allocated");
+    assert_eq!(FREED.load(SeqCst), N, "every retired node reclaimed once");
+
+    let small_defers = allocations_in(|| {
+        for _ in 0..N {
+            let guard = epoch::pin();
+            guard.defer(|| RUNS.fetch_add(1, SeqCst));
+        }
+        for _ in 0..1000 {
+            epoch::pin().flush();
+        }
+    });
+    assert_eq!(small_defers, 0, "defer of a small closure allocated");
+    assert_eq!(RUNS.load(SeqCst), N);
+
+    // A boxed object retired through defer_destroy: the free is the only allocator call.
+    let owned = Box::into_raw(Box::new(5u64));
+    let destroys = allocations_in(|| {
+        let guard = epoch::pin();
+        let old = slot.swap(Shared::from(owned as *const u64), AcqRel, &guard);
+        // SAFETY: unlinked by the swap, retired once.
+        unsafe { guard.defer_destroy(old) };
+    });
+    assert_eq!(destroys, 0, "defer_destroy allocated");
+    // A new thread's first pin registers it (record from mmap, exit hook via a pthread
+    // key): no allocation either.
+    let first_pin = std::thread::spawn(|| allocations_in(|| drop(epoch::pin()))).join().unwrap();
+    assert_eq!(first_pin, 0, "thread registration allocated");
+    println!("no_alloc: registration, pin, load, retire, defer and flush made no global allocations");
+}
