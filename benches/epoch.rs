@@ -20,7 +20,8 @@
 //! the same layout (the `Retired` link is unused outside `scalemem_intrusive`), so the
 //! allocator sees the same requests for every scheme. Each scheme's bag or batch
 //! holds 64 objects (seize: 32). The run prints the load average and a two-thread
-//! parallelism check before and after, and the RSS after each retire group.
+//! parallelism check before and after, and the RSS (and scalemem's epoch
+//! advances) after each retire bench.
 
 use std::hint::black_box;
 use std::ptr::NonNull;
@@ -28,9 +29,7 @@ use std::sync::atomic::AtomicPtr;
 use std::sync::atomic::Ordering::{AcqRel, Acquire};
 use std::time::{Duration, Instant};
 
-use criterion::{
-    BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main, measurement::WallTime,
-};
+use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main, measurement::WallTime};
 use scalemem::epoch::Retired;
 use seize::Guard as _;
 
@@ -48,10 +47,7 @@ struct Node {
 
 impl Node {
     fn new(value: u64) -> Self {
-        Self {
-            link: Retired::new(),
-            value,
-        }
+        Self { link: Retired::new(), value }
     }
 }
 
@@ -122,11 +118,7 @@ impl Scheme for Scalemem {
         let guard = scalemem::epoch::pin();
         // AcqRel: Release publishes the new node's contents to readers' Acquire loads;
         // Acquire orders the old node's contents before its eventual destruction.
-        let old = slot.swap(
-            scalemem::epoch::Owned::new(Node::new(value)),
-            AcqRel,
-            &guard,
-        );
+        let old = slot.swap(scalemem::epoch::Owned::new(Node::new(value)), AcqRel, &guard);
         // SAFETY: (1) `old` came from an `Owned` and the swap unlinked it; (2) only this
         // swap returned it, so it is destroyed once; (3) `Node` is `Send`.
         unsafe { guard.defer_destroy(old) };
@@ -165,14 +157,8 @@ impl Scheme for ScalememIntrusive {
     fn replace(&self, slot: &Self::Slot, value: u64) {
         let guard = scalemem::epoch::pin();
         // AcqRel: as in `Scalemem::replace`.
-        let old = slot.swap(
-            scalemem::epoch::Owned::new(Node::new(value)),
-            AcqRel,
-            &guard,
-        );
-        let link = NonNull::new(old.as_raw().cast_mut())
-            .expect("the slot never holds null")
-            .cast::<Retired>();
+        let old = slot.swap(scalemem::epoch::Owned::new(Node::new(value)), AcqRel, &guard);
+        let link = NonNull::new(old.as_raw().cast_mut()).expect("the slot never holds null").cast::<Retired>();
         // SAFETY: (1) the swap unlinked the node, and `link` is its first field
         // (`repr(C)`); the Box stays allocated until `reclaim_node` runs; (2) only this
         // swap returned it, so it is retired once and nobody else touches its link;
@@ -215,11 +201,7 @@ impl Scheme for Crossbeam {
     fn replace(&self, slot: &Self::Slot, value: u64) {
         let guard = crossbeam_epoch::pin();
         // AcqRel: as in `Scalemem::replace`.
-        let old = slot.swap(
-            crossbeam_epoch::Owned::new(Node::new(value)),
-            AcqRel,
-            &guard,
-        );
+        let old = slot.swap(crossbeam_epoch::Owned::new(Node::new(value)), AcqRel, &guard);
         // SAFETY: the swap unlinked `old`, an `Owned` allocation that only this swap
         // returned, so no thread pinning later reaches it and it is destroyed once.
         unsafe { guard.defer_destroy(old) };
@@ -280,12 +262,25 @@ fn seize() -> Seize {
     Seize(seize::Collector::new())
 }
 
-/// The runs every group shares, kept short: the whole binary takes about two minutes.
+/// The runs every group shares, kept short: the whole binary takes about three minutes.
 fn config() -> Criterion {
-    Criterion::default()
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3))
-        .sample_size(40)
+    Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3)).sample_size(40)
+}
+
+/// How many times scalemem's default collector has advanced so far.
+fn scalemem_advances() -> usize {
+    scalemem::epoch::default_collector().advances()
+}
+
+/// Prints the memory held after a retire bench and the scalemem epoch advances during it
+/// (zero for the peers; for scalemem, few advances with a growing RSS mean the garbage
+/// is not being reclaimed).
+fn report_garbage(group: &str, scheme: &str, advances_before: usize) {
+    eprintln!(
+        "[after {group}/{scheme}] {} | scalemem advances +{}",
+        common::memory_summary(),
+        scalemem_advances() - advances_before,
+    );
 }
 
 fn environment_before(_: &mut Criterion) {
@@ -311,21 +306,13 @@ fn pin_unpin(c: &mut Criterion) {
 
 fn pin_unpin_threads(c: &mut Criterion) {
     fn one<S: Scheme>(group: &mut BenchmarkGroup<'_, WallTime>, scheme: &S, threads: usize) {
-        group.bench_with_input(
-            criterion::BenchmarkId::new(S::NAME, threads),
-            &threads,
-            |b, &threads| {
-                b.iter_custom(|iters| {
-                    common::run_parallel(threads, iters, |_| || drop(black_box(scheme.pin())))
-                })
-            },
-        );
+        group.bench_with_input(criterion::BenchmarkId::new(S::NAME, threads), &threads, |b, &threads| {
+            b.iter_custom(|iters| common::run_parallel(threads, iters, |_| || drop(black_box(scheme.pin()))))
+        });
     }
     let seize = seize();
     let mut group = c.benchmark_group("epoch/pin_unpin_threads");
-    group
-        .measurement_time(Duration::from_secs(2))
-        .sample_size(30);
+    group.measurement_time(Duration::from_secs(2)).sample_size(30);
     // Peers at the same thread count run back to back, so that drifting load affects
     // them alike.
     for threads in common::THREADS {
@@ -354,6 +341,7 @@ fn protected_load(c: &mut Criterion) {
 
 fn retire(c: &mut Criterion) {
     fn one<S: Scheme>(group: &mut BenchmarkGroup<'_, WallTime>, scheme: &S) {
+        let advances = scalemem_advances();
         let slot = scheme.slot(0);
         let mut value = 0u64;
         group.bench_function(S::NAME, |b| {
@@ -363,7 +351,7 @@ fn retire(c: &mut Criterion) {
             })
         });
         scheme.free(slot);
-        common::report_memory(&format!("epoch/retire/{}", S::NAME));
+        report_garbage("epoch/retire", S::NAME, advances);
     }
     let seize = seize();
     let mut group = c.benchmark_group("epoch/retire");
@@ -377,6 +365,7 @@ fn retire(c: &mut Criterion) {
 
 fn retire_with_reader(c: &mut Criterion) {
     fn one<S: Scheme>(group: &mut BenchmarkGroup<'_, WallTime>, scheme: &S) {
+        let advances = scalemem_advances();
         let slot = scheme.slot(0);
         group.bench_function(S::NAME, |b| {
             b.iter_custom(|iters| {
@@ -396,7 +385,7 @@ fn retire_with_reader(c: &mut Criterion) {
             })
         });
         scheme.free(slot);
-        common::report_memory(&format!("epoch/retire_with_reader/{}", S::NAME));
+        report_garbage("epoch/retire_with_reader", S::NAME, advances);
     }
     let seize = seize();
     let mut group = c.benchmark_group("epoch/retire_with_reader");

@@ -28,6 +28,7 @@ use treiber_stack::TreiberStack;
 
 /// A value whose drops are counted.
 pub struct Tracked {
+    /// A unique id (per stack run) or a small number (thread churn).
     pub id: usize,
     drops: Arc<AtomicUsize>,
 }
@@ -41,12 +42,19 @@ impl Drop for Tracked {
 /// What a run did; `run` has already checked it.
 #[derive(Debug)]
 pub struct Report {
+    /// Threads on the Treiber stack.
     pub threads: usize,
+    /// Wall time of the whole run, checks included.
     pub elapsed: Duration,
+    /// Pushes plus pops.
     pub stack_ops: usize,
+    /// Short-lived threads created (and exited) meanwhile.
     pub churned_threads: usize,
+    /// Objects those threads retired.
     pub churn_retired: usize,
+    /// Increments of the per-CPU counter.
     pub counter_adds: usize,
+    /// Epoch advances during the run.
     pub advances: usize,
 }
 
@@ -163,6 +171,12 @@ pub fn run(secs: f64, threads: usize) -> Report {
         thread::yield_now();
     }
     assert_eq!(churn_drops.load(SeqCst), churn_retired, "an object was freed twice");
+    // The object still in the slot was never retired: free it ourselves.
+    let guard = epoch::pin();
+    // SAFETY: every other user of the slot has exited; the object is ours alone.
+    drop(unsafe { churn_slot.swap(epoch::Shared::null(), AcqRel, &guard).into_owned() });
+    drop(guard);
+    assert_eq!(churn_drops.load(SeqCst), churn_retired + 1);
 
     Report {
         threads,

@@ -34,7 +34,9 @@ pub(crate) fn map(len: usize) -> Result<NonNull<u8>, AllocError> {
         )
     }
     .map_err(|_| AllocError)?;
-    NonNull::new(ptr.cast()).ok_or(AllocError)
+    let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(AllocError)?;
+    lsan::register(ptr, len);
+    Ok(ptr)
 }
 
 /// Under loom: page-aligned zeroed memory from the global allocator, which loom runs
@@ -71,6 +73,7 @@ pub(crate) unsafe fn unmap(ptr: NonNull<u8>, len: usize) {
 #[cfg(not(scalemem_loom))]
 pub(crate) unsafe fn unmap(ptr: NonNull<u8>, len: usize) {
     let len = page_round(len.max(1)).expect("length was accepted by map");
+    lsan::unregister(ptr, len);
     // SAFETY: (1) the range is a whole mapping of ours; (2) nothing uses it.
     let result = unsafe { rustix::mm::munmap(ptr.as_ptr().cast(), len) };
     // munmap of a range we mapped cannot fail short of a kernel bug; keep the memory
@@ -92,4 +95,39 @@ pub(crate) fn getenv(name: &'static [u8]) -> Option<&'static [u8]> {
     }
     // SAFETY: getenv returned a NUL-terminated string.
     Some(unsafe { core::ffi::CStr::from_ptr(value) }.to_bytes())
+}
+
+/// LeakSanitizer hooks. Our mappings hold the only pointers to garbage that waits for
+/// reclamation (deferred `Box`es in epoch bags); LSan does not scan anonymous mappings
+/// unless told to, and would report that garbage as leaked. Built with
+/// `--cfg scalemem_asan` (the CI's sanitizer lane) the mappings are registered as root
+/// regions; otherwise these are no-ops.
+#[cfg(not(scalemem_loom))]
+mod lsan {
+    use core::ptr::NonNull;
+
+    #[cfg(scalemem_asan)]
+    unsafe extern "C" {
+        fn __lsan_register_root_region(p: *const core::ffi::c_void, size: usize);
+        fn __lsan_unregister_root_region(p: *const core::ffi::c_void, size: usize);
+    }
+
+    #[inline]
+    pub(super) fn register(_ptr: NonNull<u8>, _len: usize) {
+        #[cfg(scalemem_asan)]
+        // SAFETY: the sanitizer runtime is linked (the cfg is set only with it); the
+        // region is a live mapping of ours.
+        unsafe {
+            __lsan_register_root_region(_ptr.as_ptr().cast(), _len)
+        };
+    }
+
+    #[inline]
+    pub(super) fn unregister(_ptr: NonNull<u8>, _len: usize) {
+        #[cfg(scalemem_asan)]
+        // SAFETY: as in register; the region was registered by map().
+        unsafe {
+            __lsan_unregister_root_region(_ptr.as_ptr().cast(), _len)
+        };
+    }
 }

@@ -16,8 +16,7 @@ mod imp {
     #[allow(unused_imports)] // the facade offers the full set; each mode uses a subset
     pub(crate) mod atomic {
         pub(crate) use core::sync::atomic::{
-            AtomicBool, AtomicIsize, AtomicPtr, AtomicU8, AtomicUsize, Ordering,
-            compiler_fence, fence,
+            AtomicBool, AtomicIsize, AtomicPtr, AtomicU8, AtomicUsize, Ordering, compiler_fence, fence,
         };
     }
     pub(crate) use std::thread::yield_now;

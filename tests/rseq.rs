@@ -21,11 +21,7 @@ const MIGRATE_EVERY: usize = 2_000;
 
 /// Per-worker operation cap.
 fn ops_per_thread() -> usize {
-    if cfg!(debug_assertions) {
-        300_000
-    } else {
-        3_000_000
-    }
+    if cfg!(debug_assertions) { 300_000 } else { 3_000_000 }
 }
 
 /// Wall-clock cap of one stress run.
@@ -38,11 +34,7 @@ fn time_limit() -> Duration {
 fn rseq_expected() -> bool {
     let turned_off = std::env::var("SCALEMEM_RSEQ").as_deref() == Ok("0")
         || std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("rseq=0"));
-    cfg!(all(
-        target_arch = "x86_64",
-        target_os = "linux",
-        target_env = "gnu"
-    )) && !turned_off
+    cfg!(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu")) && !turned_off
 }
 
 extern "C" fn on_sigusr1(_signal: libc::c_int) {}
@@ -58,10 +50,7 @@ fn install_sigusr1_handler() {
             action.sa_sigaction = on_sigusr1 as extern "C" fn(libc::c_int) as libc::sighandler_t;
             action.sa_flags = libc::SA_RESTART;
             libc::sigemptyset(&mut action.sa_mask);
-            assert_eq!(
-                libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut()),
-                0
-            );
+            assert_eq!(libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut()), 0);
         }
     });
 }
@@ -77,16 +66,9 @@ struct Migrator {
 impl Migrator {
     fn new(offset: usize) -> Self {
         let original = sched_getaffinity(None).unwrap();
-        let cpus: Vec<usize> = (0..CpuSet::MAX_CPU)
-            .filter(|&c| original.is_set(c))
-            .collect();
+        let cpus: Vec<usize> = (0..CpuSet::MAX_CPU).filter(|&c| original.is_set(c)).collect();
         assert!(!cpus.is_empty());
-        Self {
-            original,
-            cpus,
-            next: offset,
-            moves: 0,
-        }
+        Self { original, cpus, next: offset, moves: 0 }
     }
 
     /// Called once per operation; every MIGRATE_EVERY operations pins the thread to the
@@ -132,10 +114,7 @@ fn stress<R: Send>(work: impl Fn(usize, &mut Migrator, Instant) -> R + Sync) -> 
                     (&work, &targets, &finished, &signals_stopped, &migrations);
                 s.spawn(move || {
                     // SAFETY: pthread_self has no preconditions.
-                    targets
-                        .lock()
-                        .unwrap()
-                        .push(unsafe { libc::pthread_self() });
+                    targets.lock().unwrap().push(unsafe { libc::pthread_self() });
                     let mut migrator = Migrator::new(t);
                     let result = work(t, &mut migrator, deadline);
                     migrations.fetch_add(migrator.moves, Ordering::Relaxed);
@@ -164,15 +143,9 @@ fn stress<R: Send>(work: impl Fn(usize, &mut Migrator, Instant) -> R + Sync) -> 
             }
             signals_stopped.store(true, Ordering::Release);
         });
-        workers
-            .into_iter()
-            .map(|w| w.join().unwrap())
-            .collect::<Vec<R>>()
+        workers.into_iter().map(|w| w.join().unwrap()).collect::<Vec<R>>()
     });
-    let chaos = Chaos {
-        signals: signals.into_inner(),
-        migrations: migrations.into_inner(),
-    };
+    let chaos = Chaos { signals: signals.into_inner(), migrations: migrations.into_inner() };
     (results, chaos)
 }
 
@@ -185,11 +158,7 @@ fn rseq_is_in_use_here() {
         assert!(cpu::rseq_enabled());
         assert!(cpu::rseq::thread_area().is_some());
         assert!(stack.uses_rseq());
-        assert_eq!(
-            counter.sum_by_path(),
-            (1, 0),
-            "the increment took the atomic fallback"
-        );
+        assert_eq!(counter.sum_by_path(), (1, 0), "the increment took the atomic fallback");
     } else {
         assert!(!stack.uses_rseq() || cpu::rseq_enabled());
         assert_eq!(counter.sum(), 1);
@@ -230,11 +199,7 @@ fn counter_loses_no_update_under_signals_and_migration() {
     );
     assert_eq!(counter.sum(), expected);
     if rseq_expected() {
-        assert_eq!(
-            counter.sum_by_path(),
-            (expected, 0),
-            "some adds took the atomic fallback"
-        );
+        assert_eq!(counter.sum_by_path(), (expected, 0), "some adds took the atomic fallback");
     }
     assert!(chaos.signals > 0);
 }
@@ -300,19 +265,11 @@ fn stack_conserves_tokens<const N: usize>(mut stack: PerCpuStack<u8, N>) {
     assert_eq!(drained.len(), stored);
     assert_eq!(stack.len_hint(), 0);
 
-    let mut seen: Vec<Vec<u8>> = hands
-        .iter()
-        .map(|(_, created, _, _)| vec![0u8; *created])
-        .collect();
-    let all = hands
-        .iter()
-        .flat_map(|(hand, ..)| hand.iter().copied().map(from_addr));
+    let mut seen: Vec<Vec<u8>> = hands.iter().map(|(_, created, _, _)| vec![0u8; *created]).collect();
+    let all = hands.iter().flat_map(|(hand, ..)| hand.iter().copied().map(from_addr));
     for item in all.chain(drained.iter().copied()) {
         let (thread, index) = untoken(item);
-        assert!(
-            thread < THREADS && index < seen[thread].len(),
-            "garbage item {item:p}"
-        );
+        assert!(thread < THREADS && index < seen[thread].len(), "garbage item {item:p}");
         seen[thread][index] += 1;
     }
     for (thread, counts) in seen.iter().enumerate() {
@@ -375,10 +332,7 @@ fn full_and_empty<const N: usize>(mut stack: PerCpuStack<u8, N>) {
     sched_setaffinity(None, &original).unwrap();
     let mut drained = Vec::new();
     stack.drain(|item| drained.push(item));
-    assert_eq!(
-        drained,
-        (0..N / 2).rev().map(|i| token(0, i)).collect::<Vec<_>>()
-    );
+    assert_eq!(drained, (0..N / 2).rev().map(|i| token(0, i)).collect::<Vec<_>>());
     stack.assert_valid();
 }
 

@@ -58,20 +58,10 @@ where
                 })
             })
             .collect();
-        let spans: Vec<(Instant, Instant)> = workers
-            .into_iter()
-            .map(|worker| worker.join().expect("a bench thread panicked"))
-            .collect();
-        let first_start = spans
-            .iter()
-            .map(|&(start, _)| start)
-            .min()
-            .expect("at least one thread");
-        let last_end = spans
-            .iter()
-            .map(|&(_, end)| end)
-            .max()
-            .expect("at least one thread");
+        let spans: Vec<(Instant, Instant)> =
+            workers.into_iter().map(|worker| worker.join().expect("a bench thread panicked")).collect();
+        let first_start = spans.iter().map(|&(start, _)| start).min().expect("at least one thread");
+        let last_end = spans.iter().map(|&(_, end)| end).max().expect("at least one thread");
         last_end - first_start
     })
 }
@@ -82,11 +72,7 @@ where
 /// operation, so the two really overlap.
 ///
 /// Returns `measured`'s result and the number of background operations done in all.
-pub fn with_background<S, Op, R>(
-    background: usize,
-    setup: S,
-    measured: impl FnOnce() -> R,
-) -> (R, u64)
+pub fn with_background<S, Op, R>(background: usize, setup: S, measured: impl FnOnce() -> R) -> (R, u64)
 where
     S: Fn(usize) -> Op + Sync,
     Op: FnMut(),
@@ -131,10 +117,7 @@ where
         }
         let result = measured();
         drop(stopper);
-        let ops = threads
-            .into_iter()
-            .map(|thread| thread.join().expect("a background thread panicked"))
-            .sum();
+        let ops = threads.into_iter().map(|thread| thread.join().expect("a background thread panicked")).sum();
         (result, ops)
     })
 }
@@ -145,9 +128,7 @@ where
 pub fn report_environment(when: &str) {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let load: Vec<&str> = load.split_whitespace().take(3).collect();
-    let speedups: Vec<String> = (0..3)
-        .map(|_| format!("{:.2}", parallel_speedup()))
-        .collect();
+    let speedups: Vec<String> = (0..3).map(|_| format!("{:.2}", parallel_speedup())).collect();
     eprintln!(
         "[{when}] loadavg {} | available_parallelism {} | 2-thread spin speedup (3 tries): {}",
         load.join(" "),
@@ -168,9 +149,9 @@ fn parallel_speedup() -> f64 {
     2.0 * one.as_secs_f64() / two.as_secs_f64()
 }
 
-/// Prints this process's resident and peak resident set sizes (from
-/// `/proc/self/status`), to show that a bench that retires memory reclaims it.
-pub fn report_memory(after: &str) {
+/// This process's resident and peak resident set sizes (from `/proc/self/status`), to
+/// show whether a bench that retires memory reclaims it.
+pub fn memory_summary() -> String {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let field = |name: &str| {
         status
@@ -178,9 +159,5 @@ pub fn report_memory(after: &str) {
             .find_map(|line| line.strip_prefix(name))
             .map_or_else(|| "?".to_owned(), |value| value.trim().to_owned())
     };
-    eprintln!(
-        "[memory after {after}] VmRSS {} | VmHWM {}",
-        field("VmRSS:"),
-        field("VmHWM:")
-    );
+    format!("VmRSS {} | VmHWM {}", field("VmRSS:"), field("VmHWM:"))
 }

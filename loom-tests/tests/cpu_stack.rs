@@ -32,11 +32,7 @@ fn token(n: usize) -> NonNull<u8> {
 /// Asserts that `seen` holds each of the tokens `1..=count` exactly once.
 fn assert_each_once(mut seen: Vec<usize>, count: usize) {
     seen.sort_unstable();
-    assert_eq!(
-        seen,
-        (1..=count).collect::<Vec<_>>(),
-        "lost or duplicated items"
-    );
+    assert_eq!(seen, (1..=count).collect::<Vec<_>>(), "lost or duplicated items");
 }
 
 /// Pushes `items`, then pops up to `pops` items; returns the addresses it ends up
@@ -70,51 +66,45 @@ fn drain_all(stack: Arc<Stack>, seen: &mut Vec<usize>) {
 
 #[test]
 fn three_threads_push_and_pop() {
-    run_model(
-        "cpu_stack: three threads, two sharing CPU 0, push and pop",
-        || {
-            let stack = Arc::new(Stack::new().unwrap());
-            // Model threads 1 and 2: CPUs 1 and 0.
-            let others: Vec<_> = [[1, 2], [3, 4]]
-                .into_iter()
-                .map(|items| {
-                    let stack = stack.clone();
-                    thread::spawn(move || push_then_pop(&stack, &items, 1))
-                })
-                .collect();
-            // Model thread 0: CPU 0, like thread 2.
-            let mut seen = push_then_pop(&stack, &[5], 2);
-            for other in others {
-                seen.extend(other.join().unwrap());
-            }
-            drain_all(stack, &mut seen);
-            assert_each_once(seen, 5);
-        },
-    );
+    run_model("cpu_stack: three threads, two sharing CPU 0, push and pop", || {
+        let stack = Arc::new(Stack::new().unwrap());
+        // Model threads 1 and 2: CPUs 1 and 0.
+        let others: Vec<_> = [[1, 2], [3, 4]]
+            .into_iter()
+            .map(|items| {
+                let stack = stack.clone();
+                thread::spawn(move || push_then_pop(&stack, &items, 1))
+            })
+            .collect();
+        // Model thread 0: CPU 0, like thread 2.
+        let mut seen = push_then_pop(&stack, &[5], 2);
+        for other in others {
+            seen.extend(other.join().unwrap());
+        }
+        drain_all(stack, &mut seen);
+        assert_each_once(seen, 5);
+    });
 }
 
 #[test]
 fn three_threads_contend_for_one_cpu() {
-    run_model(
-        "cpu_stack: three threads, two on CPU 0, full and busy slots",
-        || {
-            let stack = Arc::new(Stack::new_locked().unwrap());
-            // Model threads 1 and 2: CPUs 1 and 0; thread 2 shares CPU 0 with the main
-            // thread, so their try-locks collide and one of them moves to CPU 1's slot.
-            let pushers: Vec<_> = [[1, 2], [3, 4]]
-                .into_iter()
-                .map(|items| {
-                    let stack = stack.clone();
-                    thread::spawn(move || push_then_pop(&stack, &items, 0))
-                })
-                .collect();
-            // Model thread 0: pops concurrently with the pushes.
-            let mut seen = push_then_pop(&stack, &[], 2);
-            for pusher in pushers {
-                seen.extend(pusher.join().unwrap());
-            }
-            drain_all(stack, &mut seen);
-            assert_each_once(seen, 4);
-        },
-    );
+    run_model("cpu_stack: three threads, two on CPU 0, full and busy slots", || {
+        let stack = Arc::new(Stack::new_locked().unwrap());
+        // Model threads 1 and 2: CPUs 1 and 0; thread 2 shares CPU 0 with the main
+        // thread, so their try-locks collide and one of them moves to CPU 1's slot.
+        let pushers: Vec<_> = [[1, 2], [3, 4]]
+            .into_iter()
+            .map(|items| {
+                let stack = stack.clone();
+                thread::spawn(move || push_then_pop(&stack, &items, 0))
+            })
+            .collect();
+        // Model thread 0: pops concurrently with the pushes.
+        let mut seen = push_then_pop(&stack, &[], 2);
+        for pusher in pushers {
+            seen.extend(pusher.join().unwrap());
+        }
+        drain_all(stack, &mut seen);
+        assert_each_once(seen, 4);
+    });
 }

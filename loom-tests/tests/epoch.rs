@@ -26,12 +26,14 @@ impl Node {
     }
 
     fn read(&self) -> usize {
+        // SAFETY: loom checks this access against every write (the destructor's).
         self.value.with(|v| unsafe { *v })
     }
 }
 
 impl Drop for Node {
     fn drop(&mut self) {
+        // SAFETY: we are dropping the node: loom reports any access not ordered before.
         self.value.with_mut(|v| unsafe { *v = usize::MAX });
         self.drops.fetch_add(1, SeqCst);
     }
@@ -102,8 +104,7 @@ fn seal_races_with_an_advance_by_another_thread() {
                 let old = slot.swap(Shared::null(), AcqRel, &guard);
                 // SAFETY: unlinked, retired once.
                 unsafe { guard.defer_destroy(old) };
-                drop(guard);
-                handle.pin().flush(); // seals the bag
+                guard.flush(); // seals the bag
             })
         };
         let reader = {
@@ -119,7 +120,6 @@ fn seal_races_with_an_advance_by_another_thread() {
         };
         // The main thread is the third party that keeps advancing.
         let handle = collector.register();
-        handle.pin().flush();
         handle.pin().flush();
         handle.pin().flush();
         retirer.join().unwrap();

@@ -63,10 +63,7 @@ impl PerCpuCounter {
     /// assert_eq!(counter.sum(), 0);
     /// ```
     pub fn new() -> Result<Self, AllocError> {
-        let slots = PerCpu::new(|_cpu| Slot {
-            rseq: AtomicIsize::new(0),
-            atomic: AtomicIsize::new(0),
-        })?;
+        let slots = PerCpu::new(|_cpu| Slot { rseq: AtomicIsize::new(0), atomic: AtomicIsize::new(0) })?;
         Ok(Self { slots })
     }
 
@@ -101,10 +98,7 @@ impl PerCpuCounter {
     #[inline]
     fn add_atomic(&self, delta: isize) {
         // Relaxed: a statistic; the update publishes nothing (see the type's docs).
-        self.slots
-            .local()
-            .atomic
-            .fetch_add(delta, Ordering::Relaxed);
+        self.slots.local().atomic.fetch_add(delta, Ordering::Relaxed);
     }
 
     /// Adds 1.
@@ -191,9 +185,7 @@ impl PerCpuCounter {
 
 impl core::fmt::Debug for PerCpuCounter {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("PerCpuCounter")
-            .field("sum", &self.sum())
-            .finish()
+        f.debug_struct("PerCpuCounter").field("sum", &self.sum()).finish()
     }
 }
 
@@ -206,29 +198,19 @@ mod tests {
     #[test]
     fn rseq_and_atomic_updates_mix_without_loss() {
         let counter = PerCpuCounter::new().unwrap();
-        let per_thread: isize = if cfg!(debug_assertions) {
-            100_000
-        } else {
-            1_000_000
-        };
+        let per_thread: isize = if cfg!(debug_assertions) { 100_000 } else { 1_000_000 };
         std::thread::scope(|s| {
             for t in 0..6 {
                 let counter = &counter;
                 s.spawn(move || {
                     for i in 0..per_thread {
                         let delta = if i % 7 == 0 { -2 } else { 1 };
-                        if t % 2 == 0 {
-                            counter.add(delta)
-                        } else {
-                            counter.add_atomic(delta)
-                        }
+                        if t % 2 == 0 { counter.add(delta) } else { counter.add_atomic(delta) }
                     }
                 });
             }
         });
-        let expected_per_thread: isize = (0..per_thread)
-            .map(|i| if i % 7 == 0 { -2 } else { 1 })
-            .sum();
+        let expected_per_thread: isize = (0..per_thread).map(|i| if i % 7 == 0 { -2 } else { 1 }).sum();
         assert_eq!(counter.sum(), 6 * expected_per_thread);
         let (by_rseq, by_atomic) = counter.sum_by_path();
         assert_eq!(by_atomic.wrapping_add(by_rseq), 6 * expected_per_thread);

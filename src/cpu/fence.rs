@@ -34,9 +34,9 @@
 //! membarrier 0.1 us alone but 10-35 us with other threads running: callers must issue
 //! `heavy()` once per batch, never once per operation.
 
-use crate::sync::atomic::{Ordering, compiler_fence, fence};
 #[cfg(not(scalemem_loom))]
 use crate::sync::atomic::{AtomicBool, AtomicU8};
+use crate::sync::atomic::{Ordering, compiler_fence, fence};
 
 #[cfg(not(scalemem_loom))]
 const UNKNOWN: u8 = 0;

@@ -52,7 +52,7 @@ static RSEQ_STATE: AtomicU8 = AtomicU8::new(RSEQ_UNKNOWN);
 /// True if this process uses glibc's rseq registration: glibc registered an area
 /// (`__rseq_size >= 20`), the target has our critical sections (x86_64), and
 /// `SCALEMEM_RSEQ=0` is not set. A given thread's registration can still have failed;
-/// [`rseq_area`] checks that per thread.
+/// [`rseq::thread_area`](crate::cpu::rseq::thread_area) checks that per thread.
 #[inline]
 pub fn rseq_enabled() -> bool {
     #[cfg(scalemem_loom)]
@@ -114,10 +114,7 @@ pub(crate) fn rseq_area() -> Option<*mut u8> {
 }
 
 /// The address of this thread's rseq area: never available on this target.
-#[cfg(all(
-    not(scalemem_loom),
-    not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))
-))]
+#[cfg(all(not(scalemem_loom), not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))))]
 #[inline]
 pub(crate) fn rseq_area() -> Option<*mut u8> {
     None
@@ -187,10 +184,7 @@ fn possible_slow() -> usize {
         return n;
     }
     match rustix::thread::sched_getaffinity(None) {
-        Ok(set) => (0..rustix::thread::CpuSet::MAX_CPU)
-            .rev()
-            .find(|&cpu| set.is_set(cpu))
-            .map_or(1, |cpu| cpu + 1),
+        Ok(set) => (0..rustix::thread::CpuSet::MAX_CPU).rev().find(|&cpu| set.is_set(cpu)).map_or(1, |cpu| cpu + 1),
         Err(_) => 1,
     }
 }
@@ -200,12 +194,7 @@ fn possible_slow() -> usize {
 #[cfg(not(scalemem_loom))]
 fn read_possible_mask() -> Option<usize> {
     use rustix::fs::{Mode, OFlags, open};
-    let fd = open(
-        "/sys/devices/system/cpu/possible",
-        OFlags::RDONLY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .ok()?;
+    let fd = open("/sys/devices/system/cpu/possible", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()?;
     let mut buf = [0u8; 256];
     let n = rustix::io::read(&fd, &mut buf).ok()?;
     parse_cpu_list(&buf[..n])

@@ -118,28 +118,13 @@ pub fn thread_area() -> Option<*mut u8> {
     }
 }
 
-#[cfg(all(
-    target_arch = "x86_64",
-    target_os = "linux",
-    target_env = "gnu",
-    not(scalemem_loom)
-))]
+#[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom)))]
 pub use x86_64::{add, pop, push};
 
-#[cfg(not(all(
-    target_arch = "x86_64",
-    target_os = "linux",
-    target_env = "gnu",
-    not(scalemem_loom)
-)))]
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom))))]
 pub use fallback::{add, pop, push};
 
-#[cfg(all(
-    target_arch = "x86_64",
-    target_os = "linux",
-    target_env = "gnu",
-    not(scalemem_loom)
-))]
+#[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom)))]
 mod x86_64 {
     use crate::cpu::rseq_abi::{CPU_ID, RSEQ_CS, SIGNATURE};
 
@@ -174,13 +159,7 @@ mod x86_64 {
     /// }
     /// ```
     #[inline]
-    pub unsafe fn add(
-        area: *mut u8,
-        word0: *mut isize,
-        stride: usize,
-        ncpus: usize,
-        delta: isize,
-    ) -> bool {
+    pub unsafe fn add(area: *mut u8, word0: *mut isize, stride: usize, ncpus: usize, delta: isize) -> bool {
         let ok: u32;
         // SAFETY: the section reads `cpu_id` and writes `rseq_cs` of this thread's live
         // area (1), and adds to the word of a CPU below `ncpus` (2, 3). See the module
@@ -421,25 +400,14 @@ mod x86_64 {
 /// Targets without our critical sections: every operation reports failure and touches
 /// nothing. [`thread_area`] is always `None` there, so these are never reached through
 /// the safe structures.
-#[cfg(not(all(
-    target_arch = "x86_64",
-    target_os = "linux",
-    target_env = "gnu",
-    not(scalemem_loom)
-)))]
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom))))]
 mod fallback {
     /// No rseq on this target: returns `false` and changes nothing.
     ///
     /// # Safety
     /// None needed; `unsafe` only to match the x86_64 signature.
     #[inline]
-    pub unsafe fn add(
-        _area: *mut u8,
-        _word0: *mut isize,
-        _stride: usize,
-        _ncpus: usize,
-        _delta: isize,
-    ) -> bool {
+    pub unsafe fn add(_area: *mut u8, _word0: *mut isize, _stride: usize, _ncpus: usize, _delta: isize) -> bool {
         false
     }
 
@@ -469,13 +437,7 @@ mod fallback {
     }
 }
 
-#[cfg(all(
-    test,
-    target_arch = "x86_64",
-    target_os = "linux",
-    target_env = "gnu",
-    not(scalemem_loom)
-))]
+#[cfg(all(test, target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom)))]
 mod tests {
     use super::*;
 
@@ -502,12 +464,7 @@ mod tests {
         assert!(!unsafe { add(area, words.as_mut_ptr(), 128, 0, 1) });
         assert_eq!(words.iter().sum::<isize>(), 2999);
 
-        let mut headers: Vec<Header> = (0..n)
-            .map(|_| Header {
-                len: 0,
-                slots: [core::ptr::null_mut(); 2],
-            })
-            .collect();
+        let mut headers: Vec<Header> = (0..n).map(|_| Header { len: 0, slots: [core::ptr::null_mut(); 2] }).collect();
         let base = headers.as_mut_ptr().cast::<u8>();
         let stride = size_of::<Header>();
         let a = core::ptr::without_provenance_mut::<()>(0x1000);

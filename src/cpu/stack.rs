@@ -52,9 +52,7 @@ impl<const N: usize> Slot<N> {
         // Acquire (on success): pairs with the Release store in SlotGuard::drop, so this
         // holder sees every `len`/`items` access of the previous holder. Relaxed on
         // failure: nothing is read under a failed attempt.
-        self.lock
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .ok()?;
+        self.lock.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).ok()?;
         Some(SlotGuard { slot: self })
     }
 
@@ -190,11 +188,7 @@ impl<T, const N: usize> PerCpuStack<T, N> {
     /// assert_eq!(stack.uses_rseq(), scalemem::cpu::rseq_enabled());
     /// ```
     pub fn new() -> Result<Self, AllocError> {
-        Self::with_mode(if cpu::rseq_enabled() {
-            Mode::Rseq
-        } else {
-            Mode::Locked
-        })
+        Self::with_mode(if cpu::rseq_enabled() { Mode::Rseq } else { Mode::Locked })
     }
 
     /// Empty stacks in locked mode, even where rseq is available (to test or benchmark
@@ -213,11 +207,7 @@ impl<T, const N: usize> PerCpuStack<T, N> {
         #[allow(clippy::let_unit_value)]
         let () = Self::LAYOUT;
         let slots = PerCpu::new(|_cpu| Slot::new())?;
-        Ok(Self {
-            slots,
-            mode,
-            _items: PhantomData,
-        })
+        Ok(Self { slots, mode, _items: PhantomData })
     }
 
     /// Whether push and pop use rseq critical sections (else per-CPU try-locks).
@@ -267,9 +257,7 @@ impl<T, const N: usize> PerCpuStack<T, N> {
                 }
                 None => false,
             },
-            Mode::Locked => self
-                .with_locked_slot(|slot| slot.push_exclusive(item.cast()))
-                .unwrap_or(false),
+            Mode::Locked => self.with_locked_slot(|slot| slot.push_exclusive(item.cast())).unwrap_or(false),
         };
         if pushed { Ok(()) } else { Err(item) }
     }
@@ -344,10 +332,7 @@ impl<T, const N: usize> PerCpuStack<T, N> {
     pub fn assert_valid(&self) {
         for slot in self.slots.iter() {
             // Relaxed: see len_hint.
-            assert!(
-                slot.len.load(Ordering::Relaxed) <= N,
-                "PerCpuStack: len beyond capacity"
-            );
+            assert!(slot.len.load(Ordering::Relaxed) <= N, "PerCpuStack: len beyond capacity");
         }
     }
 

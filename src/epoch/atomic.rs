@@ -51,10 +51,7 @@ pub struct CompareExchangeError<'g, T, P: Pointer<T>> {
 
 impl<T, P: Pointer<T> + fmt::Debug> fmt::Debug for CompareExchangeError<'_, T, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CompareExchangeError")
-            .field("current", &self.current)
-            .field("new", &self.new)
-            .finish()
+        f.debug_struct("CompareExchangeError").field("current", &self.current).field("new", &self.new).finish()
     }
 }
 
@@ -162,9 +159,10 @@ impl<T> Atomic<T> {
         match self.data.compare_exchange(current.data, new, success, failure) {
             // SAFETY: `new` now lives in the atomic; the Shared does not own it.
             Ok(_) => Ok(unsafe { Shared::from_usize(new) }),
-            // SAFETY: `new` was not stored, so ownership returns to the caller's type.
             Err(found) => Err(CompareExchangeError {
+                // SAFETY: a Shared does not own the value found.
                 current: unsafe { Shared::from_usize(found) },
+                // SAFETY: `new` was not stored, so ownership returns to the caller's type.
                 new: unsafe { P::from_usize(new) },
             }),
         }
@@ -185,9 +183,10 @@ impl<T> Atomic<T> {
         match self.data.compare_exchange_weak(current.data, new, success, failure) {
             // SAFETY: as in compare_exchange.
             Ok(_) => Ok(unsafe { Shared::from_usize(new) }),
-            // SAFETY: as in compare_exchange.
             Err(found) => Err(CompareExchangeError {
+                // SAFETY: as in compare_exchange.
                 current: unsafe { Shared::from_usize(found) },
+                // SAFETY: as in compare_exchange.
                 new: unsafe { P::from_usize(new) },
             }),
         }

@@ -68,8 +68,7 @@ impl Collector {
     /// on the thread that uses it). Aborts on out-of-memory; see
     /// [`try_register`](Collector::try_register).
     pub fn register(&self) -> LocalHandle {
-        self.try_register()
-            .unwrap_or_else(|_| std::alloc::handle_alloc_error(std::alloc::Layout::new::<Local>()))
+        self.try_register().unwrap_or_else(|_| std::alloc::handle_alloc_error(std::alloc::Layout::new::<Local>()))
     }
 
     /// Registers a handle, or `Err` if the kernel refuses memory for a new record.

@@ -30,7 +30,7 @@ mod imp {
     };
 
     /// Marks a thread whose key destructor has run: later pins use temporary records.
-    const EXITED: *const Local = 1 as *const Local;
+    const EXITED: *const Local = ptr::dangling::<Local>();
 
     crate::sync::thread_local! {
         static RECORD: Cell<*const Local> = const { Cell::new(ptr::null()) };

@@ -242,10 +242,7 @@ impl Global {
             // pairs with the Release store in `finalize`, so the previous owner's writes
             // to the owner-only fields happen before ours.
             if !local.in_use.load(Ordering::Relaxed)
-                && local
-                    .in_use
-                    .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
+                && local.in_use.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
             {
                 local.claim();
                 global.acquire_ref();
@@ -297,11 +294,7 @@ impl Global {
         // advances are serialised in happens-before order. (A CAS rather than a swap:
         // loom 0.7.3 reports a swap-based try-lock as stuck after both holders released
         // it, a modelling artefact; the CAS costs the same here.)
-        if self
-            .advancing
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
+        if self.advancing.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
             return false;
         }
         // Acquire: pairs with the previous advance's Release store of the epoch.
@@ -350,11 +343,7 @@ impl Global {
         }
         // Acquire: pairs with the Release store that ends the previous collection, so
         // the FIFOs pass from holder to holder in happens-before order.
-        if self
-            .collecting
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
+        if self.collecting.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
             return;
         }
         // Acquire: pairs with the advance's Release store (the last link of the chain
@@ -362,7 +351,8 @@ impl Global {
         let now = self.epoch.load(Ordering::Acquire);
         let mut budget = cfg::COLLECT_BUDGET;
         // SAFETY: we hold the collecting lock.
-        let (bags, batches) = unsafe { (self.bags.take_expired(now, &mut budget), self.batches.take_expired(now, &mut budget)) };
+        let (bags, batches) =
+            unsafe { (self.bags.take_expired(now, &mut budget), self.batches.take_expired(now, &mut budget)) };
         // Release: see the CAS above. The expired nodes are already ours.
         self.collecting.store(false, Ordering::Release);
         // Run them outside the lock: deferred functions may pin, defer and collect.

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# rustfmt, clippy (all targets, warnings are errors) and rustdoc (broken links are errors).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
