@@ -20,8 +20,8 @@
 //! the same layout (the `Retired` link is unused outside `scalemem_intrusive`), so the
 //! allocator sees the same requests for every scheme. Each scheme's bag or batch
 //! holds 64 objects (seize: 32). The run prints the load average and a two-thread
-//! parallelism check before and after, and the RSS (and scalemem's epoch
-//! advances) after each retire bench.
+//! parallelism check before and after, and after each retire bench the RSS and
+//! scalemem's epoch advances and pending bags.
 
 use std::hint::black_box;
 use std::ptr::NonNull;
@@ -272,14 +272,16 @@ fn scalemem_advances() -> usize {
     scalemem::epoch::default_collector().advances()
 }
 
-/// Prints the memory held after a retire bench and the scalemem epoch advances during it
-/// (zero for the peers; for scalemem, few advances with a growing RSS mean the garbage
-/// is not being reclaimed).
+/// Prints the memory held after a retire bench, and scalemem's epoch advances during it
+/// and sealed bags or batches still pending (both zero for the peers; for scalemem, a
+/// growing RSS with few advances or many pending bags means garbage is not reclaimed).
 fn report_garbage(group: &str, scheme: &str, advances_before: usize) {
+    let stats = scalemem::epoch::default_collector().stats();
     eprintln!(
-        "[after {group}/{scheme}] {} | scalemem advances +{}",
+        "[after {group}/{scheme}] {} | scalemem advances +{}, pending bags {}",
         common::memory_summary(),
-        scalemem_advances() - advances_before,
+        stats.advances - advances_before,
+        stats.pending,
     );
 }
 
@@ -344,14 +346,18 @@ fn retire(c: &mut Criterion) {
         let advances = scalemem_advances();
         let slot = scheme.slot(0);
         let mut value = 0u64;
+        let mut ran = false;
         group.bench_function(S::NAME, |b| {
+            ran = true;
             b.iter(|| {
                 value = value.wrapping_add(1);
                 scheme.replace(&slot, black_box(value));
             })
         });
         scheme.free(slot);
-        report_garbage("epoch/retire", S::NAME, advances);
+        if ran {
+            report_garbage("epoch/retire", S::NAME, advances);
+        }
     }
     let seize = seize();
     let mut group = c.benchmark_group("epoch/retire");
@@ -367,7 +373,9 @@ fn retire_with_reader(c: &mut Criterion) {
     fn one<S: Scheme>(group: &mut BenchmarkGroup<'_, WallTime>, scheme: &S) {
         let advances = scalemem_advances();
         let slot = scheme.slot(0);
+        let mut ran = false;
         group.bench_function(S::NAME, |b| {
+            ran = true;
             b.iter_custom(|iters| {
                 let reader = |_| {
                     || {
@@ -385,7 +393,9 @@ fn retire_with_reader(c: &mut Criterion) {
             })
         });
         scheme.free(slot);
-        report_garbage("epoch/retire_with_reader", S::NAME, advances);
+        if ran {
+            report_garbage("epoch/retire_with_reader", S::NAME, advances);
+        }
     }
     let seize = seize();
     let mut group = c.benchmark_group("epoch/retire_with_reader");
