@@ -78,6 +78,25 @@ mod imp {
     pub(crate) fn spin_loop() {
         loom::thread::yield_now();
     }
+
+    /// The index loom gave the current model thread (0 for the main thread): the
+    /// modelled CPU number is derived from it.
+    pub(crate) fn thread_index() -> usize {
+        use core::fmt::Write;
+        // loom's ThreadId has no accessor; its Debug form is "ThreadId(<n>)".
+        struct Digits(usize);
+        impl Write for Digits {
+            fn write_str(&mut self, s: &str) -> core::fmt::Result {
+                for b in s.bytes().filter(u8::is_ascii_digit) {
+                    self.0 = self.0 * 10 + usize::from(b - b'0');
+                }
+                Ok(())
+            }
+        }
+        let mut digits = Digits(0);
+        let _ = write!(digits, "{:?}", loom::thread::current().id());
+        digits.0
+    }
 }
 
 pub(crate) use imp::*;

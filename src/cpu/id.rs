@@ -134,7 +134,7 @@ pub(crate) fn rseq_area() -> Option<*mut u8> {
 pub fn current() -> usize {
     #[cfg(scalemem_loom)]
     {
-        loom_thread_index() % 2
+        crate::sync::thread_index() % 2
     }
     #[cfg(not(scalemem_loom))]
     {
@@ -223,25 +223,6 @@ pub(crate) fn parse_cpu_list(text: &[u8]) -> Option<usize> {
         highest = Some(highest.map_or(n, |h: usize| h.max(n)));
     }
     highest.map(|h| h + 1)
-}
-
-/// The index loom gave the current model thread (0 for the main thread).
-#[cfg(scalemem_loom)]
-fn loom_thread_index() -> usize {
-    use core::fmt::Write;
-    // loom's ThreadId has no accessor; its Debug form is "ThreadId(<n>)".
-    struct Digits(usize);
-    impl Write for Digits {
-        fn write_str(&mut self, s: &str) -> core::fmt::Result {
-            for b in s.bytes().filter(u8::is_ascii_digit) {
-                self.0 = self.0 * 10 + usize::from(b - b'0');
-            }
-            Ok(())
-        }
-    }
-    let mut digits = Digits(0);
-    let _ = write!(digits, "{:?}", loom::thread::current().id());
-    digits.0
 }
 
 #[cfg(all(test, not(scalemem_loom)))]
