@@ -7,5 +7,6 @@ extern crate loom;
 pub mod cpu;
 pub mod epoch;
 mod os;
+pub mod rmlock;
 mod sync;
 pub mod util;

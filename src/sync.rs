@@ -100,3 +100,134 @@ mod imp {
 }
 
 pub(crate) use imp::*;
+
+// --- Futex: sleeping on a word until another thread changes it (appended for `rmlock`) ---
+
+/// A 32-bit atomic word that threads can sleep on ([`Futex::wait`]) until another
+/// thread changes it and wakes them ([`Futex::wake_one`], [`Futex::wake_all`]).
+///
+/// The protocol is Linux's futex: a waiter sleeps only if the word still holds the value
+/// it expects, checked atomically with going to sleep; a waker first changes the word,
+/// then wakes. A wake that comes before the waiter sleeps is therefore never lost (the
+/// waiter sees the new value and returns at once). `wait` may also return spuriously:
+/// callers re-check their condition in a loop. The word itself is reached through
+/// `Deref` (an `AtomicU32`).
+///
+/// Under loom the sleep is a `loom::sync::Condvar` wait under a `Mutex` that the waker
+/// also takes, which keeps exactly that atomicity, so a model in which a wake-up can be
+/// lost ends in a deadlock that loom reports.
+pub(crate) use futex_imp::Futex;
+
+#[cfg(not(scalemem_loom))]
+mod futex_imp {
+    use core::ops::Deref;
+    use core::sync::atomic::AtomicU32;
+    use rustix::thread::futex;
+
+    #[derive(Debug, Default)]
+    #[repr(transparent)]
+    pub(crate) struct Futex(AtomicU32);
+
+    impl Futex {
+        pub(crate) const fn new(value: u32) -> Self {
+            Self(AtomicU32::new(value))
+        }
+
+        /// Sleeps while the word equals `expected` (`FUTEX_WAIT`, process-private).
+        /// Returns at once if it does not; otherwise when woken, on a signal, or
+        /// spuriously.
+        pub(crate) fn wait(&self, expected: u32) {
+            // EAGAIN (the word changed) and EINTR both mean "re-check": ignore the result.
+            let _ = futex::wait(&self.0, futex::Flags::PRIVATE, expected, None);
+        }
+
+        /// Wakes one thread sleeping in [`wait`](Self::wait) on this word.
+        pub(crate) fn wake_one(&self) {
+            let _ = futex::wake(&self.0, futex::Flags::PRIVATE, 1);
+        }
+
+        /// Wakes every thread sleeping in [`wait`](Self::wait) on this word.
+        pub(crate) fn wake_all(&self) {
+            let _ = futex::wake(&self.0, futex::Flags::PRIVATE, i32::MAX as u32);
+        }
+    }
+
+    impl Deref for Futex {
+        type Target = AtomicU32;
+        #[inline]
+        fn deref(&self) -> &AtomicU32 {
+            &self.0
+        }
+    }
+}
+
+#[cfg(scalemem_loom)]
+mod futex_imp {
+    use core::ops::Deref;
+    use loom::sync::atomic::{AtomicU32, Ordering};
+    use loom::sync::{Condvar, Mutex};
+
+    #[derive(Debug)]
+    pub(crate) struct Futex {
+        word: AtomicU32,
+        /// Taken by a waiter from its check of the word until it sleeps, and by wakers:
+        /// the kernel's futex hash-bucket lock.
+        sleepers: Mutex<()>,
+        wakeup: Condvar,
+    }
+
+    impl Futex {
+        pub(crate) fn new(value: u32) -> Self {
+            Self { word: AtomicU32::new(value), sleepers: Mutex::new(()), wakeup: Condvar::new() }
+        }
+
+        pub(crate) fn wait(&self, expected: u32) {
+            let sleepers = self.sleepers.lock().unwrap();
+            // SeqCst: the kernel's check is ordered after the waiter's earlier accesses
+            // (futex_wait issues a full barrier before reading the word).
+            if self.word.load(Ordering::SeqCst) == expected {
+                drop(self.wakeup.wait(sleepers).unwrap());
+            }
+        }
+
+        pub(crate) fn wake_one(&self) {
+            let _sleepers = self.sleepers.lock().unwrap();
+            self.wakeup.notify_one();
+        }
+
+        pub(crate) fn wake_all(&self) {
+            let _sleepers = self.sleepers.lock().unwrap();
+            self.wakeup.notify_all();
+        }
+    }
+
+    impl Deref for Futex {
+        type Target = AtomicU32;
+        fn deref(&self) -> &AtomicU32 {
+            &self.word
+        }
+    }
+}
+
+/// A process-wide source of unique, non-zero 64-bit identities (an `RmLock`'s key in the
+/// threads' recursion tables). Not modelled under loom: an identity synchronises nothing.
+pub(crate) fn unique_id() -> u64 {
+    static NEXT: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(1);
+    // Relaxed: only uniqueness matters, and every fetch_add returns a distinct value.
+    NEXT.fetch_add(1, core::sync::atomic::Ordering::Relaxed)
+}
+
+/// Moves the value out of an [`UnsafeCell`] (the std-side wrapper has no `into_inner`).
+#[cfg(not(scalemem_loom))]
+pub(crate) fn into_inner<T>(cell: UnsafeCell<T>) -> T {
+    let cell = core::mem::ManuallyDrop::new(cell);
+    // SAFETY: we own the cell, read its value once, and never drop or use the cell again
+    // (ManuallyDrop); the wrapper has no drop glue of its own besides the value's.
+    cell.with(|value| unsafe { value.read() })
+}
+
+/// Moves the value out of an [`UnsafeCell`].
+#[cfg(scalemem_loom)]
+pub(crate) fn into_inner<T>(cell: UnsafeCell<T>) -> T {
+    cell.into_inner()
+}
