@@ -457,7 +457,7 @@ fn sixteen_threads_mixing_reads_and_rare_writes_keep_the_invariant() {
 fn run_child(test: &str, env: &[(&str, &str)]) {
     let exe = std::env::current_exe().expect("the test binary");
     let mut command = Command::new(exe);
-    command.args(["--exact", test, "--include-ignored", "--test-threads", "1"]);
+    command.args(["--exact", test, "--test-threads", "1"]);
     for (key, value) in env {
         command.env(key, value);
     }
@@ -473,16 +473,22 @@ fn run_child(test: &str, env: &[(&str, &str)]) {
 
 /// Both sides fall back to SeqCst fences where membarrier is refused (forced here with
 /// `SCALEMEM_FENCE=symmetric`), chosen at run time: the stress passes in that mode, and
-/// across a switch from asymmetric to symmetric in the middle of a run.
+/// across a switch from asymmetric to symmetric in the middle of a run. The fence mode is
+/// process-wide, so each case runs in a child process: this same test, re-executed with
+/// `RMLOCK_CHILD` saying which case to run.
 #[test]
 fn symmetric_fence_fallback_in_child_processes() {
-    run_child("sixteen_threads_mixing_reads_and_rare_writes_keep_the_invariant", &[("SCALEMEM_FENCE", "symmetric")]);
-    run_child("child_switch_to_symmetric_under_load", &[]);
+    match std::env::var("RMLOCK_CHILD").as_deref() {
+        Ok("symmetric") => return sixteen_threads_mixing_reads_and_rare_writes_keep_the_invariant(),
+        Ok("switch") => return switch_to_symmetric_under_load(),
+        _ => {}
+    }
+    let me = "symmetric_fence_fallback_in_child_processes";
+    run_child(me, &[("SCALEMEM_FENCE", "symmetric"), ("RMLOCK_CHILD", "symmetric")]);
+    run_child(me, &[("RMLOCK_CHILD", "switch")]);
 }
 
-#[test]
-#[ignore = "run in a child process by symmetric_fence_fallback_in_child_processes"]
-fn child_switch_to_symmetric_under_load() {
+fn switch_to_symmetric_under_load() {
     let started_in = fence::mode();
     let switched = AtomicBool::new(false);
     thread::scope(|s| {
