@@ -7,6 +7,7 @@ extern crate loom;
 pub mod cpu;
 pub mod epoch;
 mod os;
+pub mod refcount;
 pub mod rmlock;
 mod sync;
 pub mod util;

@@ -90,6 +90,35 @@
 //!   which re-arms. Nesting is therefore safe.
 //! - Nothing here allocates, blocks, or touches the stack (`options(nostack)`).
 //!
+//! # Conditional sections (appended for `refcount`)
+//!
+//! Three more sections have the same shape, with one or two extra loads between
+//! `start_ip` and the commit, each of which can send the section to `9:` without
+//! committing:
+//!
+//! - [`add_if_clear`]: [`add`], but only while `*flags & mask == 0`, where `flags` is a
+//!   word shared by all CPUs (a `PercpuRef`'s mode). Because the test is inside the
+//!   section, a thread that read "clear" and has not yet committed is restarted by
+//!   preemption, migration, a signal, or `membarrier(PRIVATE_EXPEDITED_RSEQ)`
+//!   ([`heavy_rseq`](crate::cpu::fence::heavy_rseq)), and then reads the word again. So
+//!   once a thread has set a bit of `mask` and `heavy_rseq` has returned `true`, no
+//!   section that saw the bit clear can still commit: the per-CPU words are final.
+//! - [`add_if_key`]: the hit path of a per-CPU cache. Each CPU's block starts with a
+//!   lock word; the section adds to the delta word of an entry only if the lock word is
+//!   zero and the entry's key word equals the caller's key.
+//! - [`try_lock`]: stores a token into the current CPU's lock word (offset 0 of its
+//!   block) if it is zero, and returns that CPU's number. Taking the lock inside a
+//!   section means no [`add_if_key`] on that CPU is in flight (it would have been
+//!   preempted, so restarted) and none that starts later commits (it sees the token).
+//!
+//! The lock word of [`add_if_key`]/[`try_lock`] is the one word here that other threads
+//! also write with atomics: a thread on another CPU may take it with a compare-exchange
+//! from zero and release it with a store. A remote compare-exchange can land between a
+//! [`try_lock`]'s test and its commit, and is then overwritten; a remote locker must
+//! therefore call `heavy_rseq` after its compare-exchange and check that the word still
+//! holds its own token before it touches the block (the refcount module's `Refcache`
+//! does exactly that, and explains why it is enough).
+//!
 //! On other targets, and under `cfg(scalemem_loom)`, [`thread_area`] is always `None`
 //! and the functions report failure (`false` / null) without touching memory, so callers
 //! always need their fallback path.
@@ -487,5 +516,411 @@ mod tests {
         }
         rustix::thread::sched_setaffinity(None, &original).unwrap();
         assert!(headers.iter().all(|h| h.len == 0));
+    }
+}
+
+// --- Conditional sections for `refcount` (appended; see "Conditional sections" above) ---
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom)))]
+pub use x86_64_conditional::{add_if_clear, add_if_key, try_lock};
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom))))]
+pub use fallback_conditional::{add_if_clear, add_if_key, try_lock};
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom)))]
+mod x86_64_conditional {
+    use crate::cpu::rseq_abi::{CPU_ID, RSEQ_CS, SIGNATURE};
+
+    /// Adds `delta` to the current CPU's word (as [`add`](super::add)) only if
+    /// `*flags & mask == 0`, testing the flags inside the critical section. Returns
+    /// `false`, having changed nothing, if a bit of `mask` is set or the CPU number is not
+    /// below `ncpus`.
+    ///
+    /// # Safety
+    /// 1. `area` was returned by [`thread_area`](super::thread_area) on the calling thread.
+    /// 2. `flags` is valid for 8-byte-aligned reads for the duration of the call (other
+    ///    threads may write it with atomics at any time).
+    /// 3. For every `cpu < ncpus`, `word0.byte_add(cpu * stride)` is valid for reads and
+    ///    writes of an 8-byte-aligned `isize` for the duration of the call, and the
+    ///    product does not overflow.
+    /// 4. Those words are written only by this function and [`add`](super::add), or by
+    ///    code that knows no section can commit to them (a bit of `mask` has been set and
+    ///    [`heavy_rseq`](crate::cpu::fence::heavy_rseq) has since returned `true`); other
+    ///    code may read them with atomic loads at any time.
+    ///
+    /// ```
+    /// use scalemem::cpu::{possible, rseq};
+    /// use std::sync::atomic::AtomicUsize;
+    ///
+    /// let n = possible();
+    /// let mut words = vec![0isize; n];
+    /// let flags = AtomicUsize::new(0);
+    /// if let Some(area) = rseq::thread_area() {
+    ///     // SAFETY: `area` is this thread's; `flags` is a live word; `words` holds `n`
+    ///     // aligned isizes 8 bytes apart that only these sections write.
+    ///     unsafe {
+    ///         assert!(rseq::add_if_clear(area, flags.as_ptr(), 1, words.as_mut_ptr(), 8, n, 5));
+    ///         flags.store(1, std::sync::atomic::Ordering::SeqCst);
+    ///         assert!(!rseq::add_if_clear(area, flags.as_ptr(), 1, words.as_mut_ptr(), 8, n, 5));
+    ///     }
+    ///     assert_eq!(words.iter().sum::<isize>(), 5);
+    /// }
+    /// ```
+    #[inline]
+    pub unsafe fn add_if_clear(
+        area: *mut u8,
+        flags: *const usize,
+        mask: usize,
+        word0: *mut isize,
+        stride: usize,
+        ncpus: usize,
+        delta: isize,
+    ) -> bool {
+        let ok: u32;
+        // SAFETY: as in `add`: this thread's live area (1), the word of a CPU below
+        // `ncpus` (3, 4); the flags word is only read (2). The test of the flags lies
+        // between start_ip and the commit, so a thread that read them clear and is
+        // preempted, migrated, signalled or fenced before committing restarts and reads
+        // them again. The block does not use the stack and declares every register it
+        // writes; flags and memory are clobbered.
+        unsafe {
+            core::arch::asm!(
+                ".pushsection __rseq_cs, \"aw\"",
+                ".balign 32",
+                "3:",
+                ".long 0, 0",
+                ".quad 4f, (5f - 4f), 6f",
+                ".popsection",
+                "xor {ok:e}, {ok:e}",
+                "2:",
+                "lea {cpu}, [rip + 3b]",
+                "mov qword ptr [{area} + {rseq_cs}], {cpu}",
+                "4:",
+                "mov {cpu:e}, dword ptr [{area} + {cpu_id}]",
+                "cmp {cpu}, {ncpus}",
+                "jae 9f",
+                "test qword ptr [{flags}], {mask}",
+                "jnz 9f",
+                "imul {cpu}, {stride}",
+                // The commit.
+                "add qword ptr [{word0} + {cpu}], {delta}",
+                "5:",
+                "mov {ok:e}, 1",
+                "jmp 9f",
+                ".byte 0x0f, 0xb9, 0x3d",
+                ".long {signature}",
+                "6:",
+                "jmp 2b",
+                "9:",
+                area = in(reg) area,
+                flags = in(reg) flags,
+                mask = in(reg) mask,
+                word0 = in(reg) word0,
+                stride = in(reg) stride,
+                ncpus = in(reg) ncpus,
+                delta = in(reg) delta,
+                cpu = out(reg) _,
+                ok = out(reg) ok,
+                rseq_cs = const RSEQ_CS,
+                cpu_id = const CPU_ID,
+                signature = const SIGNATURE,
+                options(nostack),
+            );
+        }
+        ok != 0
+    }
+
+    /// The hit path of a per-CPU cache. The current CPU's block is at
+    /// `base + cpu * stride`; its first word is a lock (0 = free). If the lock is free
+    /// and the word at `block + key_off` equals `key`, adds `delta` (wrapping) to the
+    /// word right after it, at `block + key_off + 8`, and returns `true`. Otherwise
+    /// (lock held, another key, CPU number not below `ncpus`) returns `false`, having
+    /// changed nothing.
+    ///
+    /// # Safety
+    /// 1. `area` was returned by [`thread_area`](super::thread_area) on the calling thread.
+    /// 2. For every `cpu < ncpus`, the block at `base.byte_add(cpu * stride)` is valid for
+    ///    8-byte-aligned reads of its lock word and of the key word at `key_off`, and for
+    ///    reads and writes of the delta word at `key_off + 8`, for the duration of the
+    ///    call; the offsets do not overflow.
+    /// 3. A block's key and delta words are written only by this function, or by the
+    ///    holder of the block's lock taken either with [`try_lock`] or remotely (a
+    ///    compare-exchange from zero followed by a successful
+    ///    [`heavy_rseq`](crate::cpu::fence::heavy_rseq) and a re-check of the token; see
+    ///    the module documentation). Other code may read them with atomic loads.
+    ///
+    /// ```
+    /// use scalemem::cpu::{possible, rseq};
+    ///
+    /// let n = possible();
+    /// let mut blocks = vec![[0usize; 3]; n]; // { lock, key, delta } per CPU
+    /// for block in &mut blocks { block[1] = 42; }
+    /// if let Some(area) = rseq::thread_area() {
+    ///     let base = blocks.as_mut_ptr().cast::<u8>();
+    ///     // SAFETY: `area` is this thread's; `blocks` holds `n` free blocks 24 bytes
+    ///     // apart that only these sections write.
+    ///     unsafe {
+    ///         assert!(rseq::add_if_key(area, base, 24, n, 8, 42, 3));
+    ///         assert!(!rseq::add_if_key(area, base, 24, n, 8, 7, 3)); // another key
+    ///     }
+    ///     assert_eq!(blocks.iter().map(|b| b[2]).sum::<usize>(), 3);
+    /// }
+    /// ```
+    #[inline]
+    pub unsafe fn add_if_key(
+        area: *mut u8,
+        base: *mut u8,
+        stride: usize,
+        ncpus: usize,
+        key_off: usize,
+        key: usize,
+        delta: isize,
+    ) -> bool {
+        let ok: u32;
+        // SAFETY: as in `add`: this thread's live area (1), the block of a CPU below
+        // `ncpus` (2), whose delta word only these sections or the lock holder write (3).
+        // Both tests lie between start_ip and the commit, which is the last instruction.
+        unsafe {
+            core::arch::asm!(
+                ".pushsection __rseq_cs, \"aw\"",
+                ".balign 32",
+                "3:",
+                ".long 0, 0",
+                ".quad 4f, (5f - 4f), 6f",
+                ".popsection",
+                "xor {ok:e}, {ok:e}",
+                "2:",
+                "lea {blk}, [rip + 3b]",
+                "mov qword ptr [{area} + {rseq_cs}], {blk}",
+                "4:",
+                "mov {blk:e}, dword ptr [{area} + {cpu_id}]",
+                "cmp {blk}, {ncpus}",
+                "jae 9f",
+                "imul {blk}, {stride}",
+                "add {blk}, {base}",
+                "cmp qword ptr [{blk}], 0",
+                "jne 9f",
+                "cmp qword ptr [{blk} + {key_off}], {key}",
+                "jne 9f",
+                // The commit.
+                "add qword ptr [{blk} + {key_off} + 8], {delta}",
+                "5:",
+                "mov {ok:e}, 1",
+                "jmp 9f",
+                ".byte 0x0f, 0xb9, 0x3d",
+                ".long {signature}",
+                "6:",
+                "jmp 2b",
+                "9:",
+                area = in(reg) area,
+                base = in(reg) base,
+                stride = in(reg) stride,
+                ncpus = in(reg) ncpus,
+                key_off = in(reg) key_off,
+                key = in(reg) key,
+                delta = in(reg) delta,
+                blk = out(reg) _,
+                ok = out(reg) ok,
+                rseq_cs = const RSEQ_CS,
+                cpu_id = const CPU_ID,
+                signature = const SIGNATURE,
+                options(nostack),
+            );
+        }
+        ok != 0
+    }
+
+    /// Takes the current CPU's lock: if the word at `base + cpu * stride` is zero, stores
+    /// `token` there (the commit) and returns `Some(cpu)`. Returns `None`, having changed
+    /// nothing, if the word is not zero or the CPU number is not below `ncpus`.
+    ///
+    /// The caller holds the lock from then on, wherever it runs (it may migrate at once),
+    /// and releases it with an atomic store of zero.
+    ///
+    /// # Safety
+    /// 1. `area` was returned by [`thread_area`](super::thread_area) on the calling thread.
+    /// 2. For every `cpu < ncpus`, `base.byte_add(cpu * stride)` is valid for reads and
+    ///    writes of an 8-byte-aligned `usize` for the duration of the call, and the
+    ///    product does not overflow.
+    /// 3. Other threads write these words only by releasing a lock they hold (a store of
+    ///    zero) or by taking one with a compare-exchange from zero; a thread that takes a
+    ///    lock that way must not rely on it before
+    ///    [`heavy_rseq`](crate::cpu::fence::heavy_rseq) has returned `true` and the word
+    ///    still holds its token (module documentation).
+    ///
+    /// ```
+    /// use scalemem::cpu::{possible, rseq};
+    ///
+    /// let n = possible();
+    /// let mut locks = vec![0usize; n];
+    /// if let Some(area) = rseq::thread_area() {
+    ///     // SAFETY: `area` is this thread's; `locks` holds `n` aligned words.
+    ///     if let Some(cpu) = unsafe { rseq::try_lock(area, locks.as_mut_ptr().cast(), 8, n, 1) } {
+    ///         assert_eq!(locks[cpu], 1);
+    ///         locks[cpu] = 0; // release
+    ///     }
+    /// }
+    /// ```
+    #[inline]
+    pub unsafe fn try_lock(area: *mut u8, base: *mut u8, stride: usize, ncpus: usize, token: usize) -> Option<usize> {
+        let locked: usize;
+        // SAFETY: this thread's live area (1), the lock word of a CPU below `ncpus` (2).
+        // The test of the word lies between start_ip and the committing store, so a
+        // section that saw it free and did not commit restarts; a remote writer is
+        // handled by the contract (3).
+        unsafe {
+            core::arch::asm!(
+                ".pushsection __rseq_cs, \"aw\"",
+                ".balign 32",
+                "3:",
+                ".long 0, 0",
+                ".quad 4f, (5f - 4f), 6f",
+                ".popsection",
+                "mov {locked}, -1",
+                "2:",
+                "lea {off}, [rip + 3b]",
+                "mov qword ptr [{area} + {rseq_cs}], {off}",
+                "4:",
+                "mov {cpu:e}, dword ptr [{area} + {cpu_id}]",
+                "cmp {cpu}, {ncpus}",
+                "jae 9f",
+                "mov {off}, {cpu}",
+                "imul {off}, {stride}",
+                "cmp qword ptr [{base} + {off}], 0",
+                "jne 9f",
+                // The commit.
+                "mov qword ptr [{base} + {off}], {token}",
+                "5:",
+                "mov {locked}, {cpu}",
+                "jmp 9f",
+                ".byte 0x0f, 0xb9, 0x3d",
+                ".long {signature}",
+                "6:",
+                "jmp 2b",
+                "9:",
+                area = in(reg) area,
+                base = in(reg) base,
+                stride = in(reg) stride,
+                ncpus = in(reg) ncpus,
+                token = in(reg) token,
+                cpu = out(reg) _,
+                off = out(reg) _,
+                locked = out(reg) locked,
+                rseq_cs = const RSEQ_CS,
+                cpu_id = const CPU_ID,
+                signature = const SIGNATURE,
+                options(nostack),
+            );
+        }
+        (locked != usize::MAX).then_some(locked)
+    }
+}
+
+/// Targets without our critical sections: every operation reports failure and touches
+/// nothing ([`thread_area`] is always `None` there).
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom))))]
+mod fallback_conditional {
+    /// No rseq on this target: returns `false` and changes nothing.
+    ///
+    /// # Safety
+    /// None needed; `unsafe` only to match the x86_64 signature.
+    #[inline]
+    pub unsafe fn add_if_clear(
+        _area: *mut u8,
+        _flags: *const usize,
+        _mask: usize,
+        _word0: *mut isize,
+        _stride: usize,
+        _ncpus: usize,
+        _delta: isize,
+    ) -> bool {
+        false
+    }
+
+    /// No rseq on this target: returns `false` and changes nothing.
+    ///
+    /// # Safety
+    /// None needed; `unsafe` only to match the x86_64 signature.
+    #[inline]
+    pub unsafe fn add_if_key(
+        _area: *mut u8,
+        _base: *mut u8,
+        _stride: usize,
+        _ncpus: usize,
+        _key_off: usize,
+        _key: usize,
+        _delta: isize,
+    ) -> bool {
+        false
+    }
+
+    /// No rseq on this target: returns `None` and changes nothing.
+    ///
+    /// # Safety
+    /// None needed; `unsafe` only to match the x86_64 signature.
+    #[inline]
+    pub unsafe fn try_lock(
+        _area: *mut u8,
+        _base: *mut u8,
+        _stride: usize,
+        _ncpus: usize,
+        _token: usize,
+    ) -> Option<usize> {
+        None
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom)))]
+mod conditional_tests {
+    use super::*;
+
+    #[test]
+    fn conditional_sections_work_on_one_thread() {
+        let Some(area) = thread_area() else { return };
+        let n = crate::cpu::possible();
+        // add_if_clear: 16 words per CPU (128 bytes apart).
+        let mut words = vec![0isize; n * 16];
+        let flags = 0usize;
+        let mut set = 0usize;
+        // SAFETY: this thread's area; `flags`/`set` are live words; n words 128 bytes
+        // apart written only here.
+        unsafe {
+            assert!(add_if_clear(area, &flags, 1, words.as_mut_ptr(), 128, n, 4));
+            assert!(add_if_clear(area, &flags, 1, words.as_mut_ptr(), 128, n, -1));
+            set = core::hint::black_box(set | 2);
+            assert!(add_if_clear(area, &set, 1, words.as_mut_ptr(), 128, n, 100)); // bit 1 not in mask
+            set = core::hint::black_box(set | 1);
+            assert!(!add_if_clear(area, &set, 1, words.as_mut_ptr(), 128, n, 100));
+            assert!(!add_if_clear(area, &flags, 1, words.as_mut_ptr(), 128, 0, 100));
+        }
+        assert_eq!(words.iter().sum::<isize>(), 103);
+
+        // Blocks of 16 words: lock at 0, key at 8, delta at 9 (word offsets).
+        let mut blocks = vec![0usize; n * 16];
+        for cpu in 0..n {
+            blocks[cpu * 16 + 8] = 0xABC0;
+        }
+        let base = blocks.as_mut_ptr().cast::<u8>();
+        // Pin so that the lock we take is the block we then test.
+        let original = rustix::thread::sched_getaffinity(None).unwrap();
+        let mut one = rustix::thread::CpuSet::new();
+        one.set(crate::cpu::current());
+        rustix::thread::sched_setaffinity(None, &one).unwrap();
+        // SAFETY: this thread's area; n blocks of 128 bytes, written only here.
+        unsafe {
+            assert!(add_if_key(area, base, 128, n, 64, 0xABC0, 5));
+            assert!(add_if_key(area, base, 128, n, 64, 0xABC0, -2));
+            assert!(!add_if_key(area, base, 128, n, 64, 0xDEF0, 5));
+            assert!(!add_if_key(area, base, 128, 0, 64, 0xABC0, 5));
+            let cpu = try_lock(area, base, 128, n, 7).expect("the lock is free");
+            assert_eq!(try_lock(area, base, 128, n, 7), None);
+            assert!(!add_if_key(area, base, 128, n, 64, 0xABC0, 5)); // locked
+            assert_eq!(blocks[cpu * 16], 7);
+            base.byte_add(cpu * 128).cast::<usize>().write_volatile(0);
+            assert!(add_if_key(area, base, 128, n, 64, 0xABC0, 1));
+            assert_eq!(try_lock(area, base, 128, 0, 7), None);
+        }
+        rustix::thread::sched_setaffinity(None, &original).unwrap();
+        assert_eq!((0..n).map(|cpu| blocks[cpu * 16 + 9] as isize).sum::<isize>(), 4);
     }
 }
