@@ -139,7 +139,9 @@ pub fn report_environment(when: &str) {
 /// Two threads' combined spin-loop rate over one thread's, from the best of five runs
 /// of each (a preempted run only ever looks slower).
 fn parallel_speedup() -> f64 {
-    const SPINS: u64 = 20_000_000;
+    // Long enough (about 0.1 s) that waking an idle vCPU, which can take milliseconds on
+    // a VM, does not pass for a lack of parallelism.
+    const SPINS: u64 = 200_000_000;
     const TRIES: usize = 5;
     let spin = |_| {
         let mut x = 0u64;
