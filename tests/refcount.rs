@@ -7,12 +7,14 @@
 
 #![cfg(not(scalemem_loom))]
 
-use std::sync::atomic::Ordering::{Acquire, Release, SeqCst};
+mod common;
+
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
-use std::sync::{Arc, Barrier, Mutex, Once};
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
+use common::chaos::{self, Chaos, rseq_expected};
 use scalemem::refcount::{Init, PercpuArc, PercpuOwner, PercpuRef};
 
 // ---------------------------------------------------------------------------------------
@@ -21,112 +23,14 @@ use scalemem::refcount::{Init, PercpuArc, PercpuOwner, PercpuRef};
 
 const THREADS: usize = 16;
 
-/// Wall-clock cap of one stress run.
-fn time_limit() -> Duration {
-    Duration::from_millis(if cfg!(debug_assertions) { 1_200 } else { 2_000 })
-}
-
-/// True where the rseq sections must be the path under test.
-fn rseq_expected() -> bool {
-    let turned_off = std::env::var("SCALEMEM_RSEQ").as_deref() == Ok("0")
-        || std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("rseq=0"));
-    cfg!(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu")) && !turned_off
-}
-
-extern "C" fn on_sigusr1(_signal: libc::c_int) {}
-
-fn install_sigusr1_handler() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: a zeroed sigaction is a valid start; the handler does nothing
-        // (async-signal-safe); SA_RESTART resumes interrupted syscalls.
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_sigusr1 as extern "C" fn(libc::c_int) as libc::sighandler_t;
-            action.sa_flags = libc::SA_RESTART;
-            libc::sigemptyset(&mut action.sa_mask);
-            assert_eq!(libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut()), 0);
-        }
-    });
-}
-
-/// Moves the calling worker between the CPUs it may run on.
-struct Migrator {
-    original: CpuSet,
-    cpus: Vec<usize>,
-    next: usize,
-}
-
-impl Migrator {
-    fn new(offset: usize) -> Self {
-        let original = sched_getaffinity(None).unwrap();
-        let cpus: Vec<usize> = (0..CpuSet::MAX_CPU).filter(|&c| original.is_set(c)).collect();
-        Self { original, cpus, next: offset }
-    }
-
-    /// Every 1000 operations, pins the thread to the next CPU.
-    fn tick(&mut self, op: usize) {
-        if op % 1000 == 999 {
-            let mut set = CpuSet::new();
-            set.set(self.cpus[self.next % self.cpus.len()]);
-            self.next += 1;
-            sched_setaffinity(None, &set).unwrap();
-        }
-    }
-}
-
-impl Drop for Migrator {
-    fn drop(&mut self) {
-        let _ = sched_setaffinity(None, &self.original);
-    }
-}
-
-/// Runs `work(thread, migrator, deadline)` on `THREADS` threads while another thread
-/// sends them SIGUSR1, and `side(deadline)` on one more thread; returns the workers'
-/// results and the number of signals sent.
-fn chaos<R: Send>(
-    work: impl Fn(usize, &mut Migrator, Instant) -> R + Sync,
-    side: impl FnOnce(Instant) + Send,
-) -> (Vec<R>, usize) {
-    install_sigusr1_handler();
-    let deadline = Instant::now() + time_limit();
-    let targets: Mutex<Vec<libc::pthread_t>> = Mutex::new(Vec::new());
-    let finished = AtomicUsize::new(0);
-    let signals_stopped = AtomicBool::new(false);
-    let mut signals = 0;
-    let results = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let (work, targets, finished, signals_stopped) = (&work, &targets, &finished, &signals_stopped);
-                s.spawn(move || {
-                    // SAFETY: pthread_self has no preconditions.
-                    targets.lock().unwrap().push(unsafe { libc::pthread_self() });
-                    let mut migrator = Migrator::new(t);
-                    let result = work(t, &mut migrator, deadline);
-                    drop(migrator);
-                    finished.fetch_add(1, Release);
-                    // Stay alive while the signal thread may still hold our pthread_t.
-                    while !signals_stopped.load(Acquire) {
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                    result
-                })
-            })
-            .collect();
-        s.spawn(move || side(deadline));
-        while finished.load(Acquire) < THREADS {
-            for thread in targets.lock().unwrap().clone() {
-                // SAFETY: a worker cannot exit before `signals_stopped` is set below.
-                assert_eq!(unsafe { libc::pthread_kill(thread, libc::SIGUSR1) }, 0);
-                signals += 1;
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        signals_stopped.store(true, Release);
-        workers.into_iter().map(|w| w.join().unwrap()).collect()
-    });
-    (results, signals)
-}
+/// This file's stress runs: THREADS workers, a migration every 1000 operations, a signal
+/// round every 200 µs, and a wall-clock cap of 1.2 s (2 s in release builds).
+const CHAOS: chaos::Config = chaos::Config {
+    threads: THREADS,
+    migrate_every: 1_000,
+    time_limit: Duration::from_millis(if cfg!(debug_assertions) { 1_200 } else { 2_000 }),
+    signal_interval: Duration::from_micros(200),
+};
 
 // ---------------------------------------------------------------------------------------
 // PercpuRef: semantics.
@@ -349,7 +253,7 @@ fn percpu_ref_loses_no_count_across_switches() {
         releases.fetch_add(1, SeqCst);
     })
     .unwrap();
-    let (ops, signals) = chaos(
+    let (ops, Chaos { signals, .. }) = CHAOS.stress_with_side(
         |t, migrator, deadline| {
             let mut held = 0usize;
             let mut ops = 0usize;
@@ -487,7 +391,7 @@ fn percpu_arc_stress_with_owner_dropped_mid_run() {
     let handles: Vec<PercpuArc<Tracked>> = (0..THREADS).map(|_| seed.clone()).collect();
     drop(seed);
     let handles = Mutex::new(handles);
-    let (_, signals) = chaos(
+    let (_, Chaos { signals, .. }) = CHAOS.stress_with_side(
         |_, migrator, deadline| {
             let mine = handles.lock().unwrap().pop().unwrap();
             let mut stash = Vec::with_capacity(8);
@@ -698,7 +602,7 @@ fn refcache_stress_never_frees_a_referenced_object() {
     let cache = Refcache::with_config(Config { epoch: Duration::from_millis(1), background: true }).unwrap();
     let pool = Mutex::new(Vec::new());
     let weaks = Mutex::new(Vec::with_capacity(WEAK_SLOTS));
-    let (ops, signals) = chaos(
+    let (ops, Chaos { signals, .. }) = CHAOS.stress_with_side(
         |t, migrator, deadline| {
             let mut held: Vec<(usize, RcRef<'_, Counted>)> = Vec::new();
             let mut next_id = t * NEW_PER_THREAD;

@@ -4,7 +4,8 @@
 //! symmetric-fence fallback (in child processes, so this binary's other tests keep the
 //! mode the environment chose), and that the read path never allocates.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+mod common;
+
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::Command;
@@ -14,44 +15,14 @@ use std::sync::{Arc, Barrier, mpsc};
 use std::thread;
 use std::time::Duration;
 
+use common::counting_alloc::{Counting, allocations_in};
 use scalemem::cpu::fence::{self, Mode};
 use scalemem::rmlock::{RmLock, RmReadGuard, RmWriteGuard};
 
 // --- A counting allocator: what the no-allocation test reads (per thread) ---
 
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-struct Counting;
-
-// SAFETY: forwards every call to `System` unchanged; counting touches only a const,
-// destructor-free thread-local (no allocation, no re-entry).
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        // SAFETY: the caller's contract is System's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-fn allocations_during(f: impl FnOnce()) -> u64 {
-    let before = ALLOCATIONS.with(Cell::get);
-    f();
-    ALLOCATIONS.with(Cell::get) - before
-}
+static GLOBAL: Counting = Counting;
 
 /// Waits (yielding) until `cond` holds; panics after a minute, which only a hang takes.
 fn eventually(what: &str, cond: impl Fn() -> bool) {
@@ -515,7 +486,7 @@ fn switch_to_symmetric_under_load() {
 fn the_lock_never_allocates() {
     let lock = RmLock::try_new([0u64; 8]).expect("a page for the counts");
     let mut sum = 0;
-    let allocations = allocations_during(|| {
+    let allocations = allocations_in(|| {
         let other = RmLock::try_new(1u64).expect("a page for the counts");
         for _ in 0..10_000 {
             let guard = lock.read();

@@ -7,11 +7,12 @@
 
 #![cfg(not(scalemem_loom))]
 
+mod common;
+
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
 
+use common::chaos::{self, rseq_expected};
 use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
 use scalemem::cpu::{self, PerCpuCounter, PerCpuStack};
 
@@ -24,130 +25,14 @@ fn ops_per_thread() -> usize {
     if cfg!(debug_assertions) { 300_000 } else { 3_000_000 }
 }
 
-/// Wall-clock cap of one stress run.
-fn time_limit() -> Duration {
-    Duration::from_millis(if cfg!(debug_assertions) { 1_500 } else { 2_500 })
-}
-
-/// True where the critical sections must be the path under test: x86_64 glibc (2.36 on
-/// our machines) with rseq not switched off by the environment.
-fn rseq_expected() -> bool {
-    let turned_off = std::env::var("SCALEMEM_RSEQ").as_deref() == Ok("0")
-        || std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("rseq=0"));
-    cfg!(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu")) && !turned_off
-}
-
-extern "C" fn on_sigusr1(_signal: libc::c_int) {}
-
-fn install_sigusr1_handler() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: a zeroed sigaction is a valid starting point; we set a handler that
-        // does nothing (async-signal-safe), with SA_RESTART so interrupted syscalls
-        // resume, and an empty mask.
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_sigusr1 as extern "C" fn(libc::c_int) as libc::sighandler_t;
-            action.sa_flags = libc::SA_RESTART;
-            libc::sigemptyset(&mut action.sa_mask);
-            assert_eq!(libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut()), 0);
-        }
-    });
-}
-
-/// Moves the calling worker between the CPUs of the original affinity mask.
-struct Migrator {
-    original: CpuSet,
-    cpus: Vec<usize>,
-    next: usize,
-    moves: usize,
-}
-
-impl Migrator {
-    fn new(offset: usize) -> Self {
-        let original = sched_getaffinity(None).unwrap();
-        let cpus: Vec<usize> = (0..CpuSet::MAX_CPU).filter(|&c| original.is_set(c)).collect();
-        assert!(!cpus.is_empty());
-        Self { original, cpus, next: offset, moves: 0 }
-    }
-
-    /// Called once per operation; every MIGRATE_EVERY operations pins the thread to the
-    /// next CPU (the kernel migrates it before the call returns).
-    fn tick(&mut self, op: usize) {
-        if op % MIGRATE_EVERY == MIGRATE_EVERY - 1 {
-            let mut set = CpuSet::new();
-            set.set(self.cpus[self.next % self.cpus.len()]);
-            self.next += 1;
-            sched_setaffinity(None, &set).unwrap();
-            self.moves += 1;
-        }
-    }
-}
-
-impl Drop for Migrator {
-    fn drop(&mut self) {
-        let _ = sched_setaffinity(None, &self.original);
-    }
-}
-
-/// What a stress run observed besides the workers' results.
-struct Chaos {
-    signals: usize,
-    migrations: usize,
-}
-
-/// Runs `work(thread, &mut migrator, deadline)` on THREADS threads while a signal
-/// thread sends them SIGUSR1 until all have finished; returns their results in thread
-/// order.
-fn stress<R: Send>(work: impl Fn(usize, &mut Migrator, Instant) -> R + Sync) -> (Vec<R>, Chaos) {
-    install_sigusr1_handler();
-    let deadline = Instant::now() + time_limit();
-    let targets: Mutex<Vec<libc::pthread_t>> = Mutex::new(Vec::new());
-    let finished = AtomicUsize::new(0);
-    let signals_stopped = AtomicBool::new(false);
-    let signals = AtomicUsize::new(0);
-    let migrations = AtomicUsize::new(0);
-    let results = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let (work, targets, finished, signals_stopped, migrations) =
-                    (&work, &targets, &finished, &signals_stopped, &migrations);
-                s.spawn(move || {
-                    // SAFETY: pthread_self has no preconditions.
-                    targets.lock().unwrap().push(unsafe { libc::pthread_self() });
-                    let mut migrator = Migrator::new(t);
-                    let result = work(t, &mut migrator, deadline);
-                    migrations.fetch_add(migrator.moves, Ordering::Relaxed);
-                    drop(migrator); // restores the original affinity
-                    finished.fetch_add(1, Ordering::Release);
-                    // Stay alive until the signal thread stops: it may still hold our
-                    // pthread_t, which must not dangle.
-                    while !signals_stopped.load(Ordering::Acquire) {
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                    result
-                })
-            })
-            .collect();
-        s.spawn(|| {
-            while finished.load(Ordering::Acquire) < THREADS {
-                let snapshot = targets.lock().unwrap().clone();
-                for thread in snapshot {
-                    // SAFETY: `thread` is a worker that cannot exit before
-                    // `signals_stopped` is set below; SIGUSR1 has a no-op handler.
-                    let rc = unsafe { libc::pthread_kill(thread, libc::SIGUSR1) };
-                    assert_eq!(rc, 0);
-                    signals.fetch_add(1, Ordering::Relaxed);
-                }
-                std::thread::sleep(Duration::from_micros(50));
-            }
-            signals_stopped.store(true, Ordering::Release);
-        });
-        workers.into_iter().map(|w| w.join().unwrap()).collect::<Vec<R>>()
-    });
-    let chaos = Chaos { signals: signals.into_inner(), migrations: migrations.into_inner() };
-    (results, chaos)
-}
+/// This file's stress runs: THREADS workers, a migration every MIGRATE_EVERY operations,
+/// a signal round every 50 µs, and a wall-clock cap of 1.5 s (2.5 s in release builds).
+const CHAOS: chaos::Config = chaos::Config {
+    threads: THREADS,
+    migrate_every: MIGRATE_EVERY,
+    time_limit: Duration::from_millis(if cfg!(debug_assertions) { 1_500 } else { 2_500 }),
+    signal_interval: Duration::from_micros(50),
+};
 
 #[test]
 fn rseq_is_in_use_here() {
@@ -170,7 +55,7 @@ fn rseq_is_in_use_here() {
 fn counter_loses_no_update_under_signals_and_migration() {
     let counter = PerCpuCounter::new().unwrap();
     let started = Instant::now();
-    let (deltas, chaos) = stress(|t, migrator, deadline| {
+    let (deltas, chaos) = CHAOS.stress(|t, migrator, deadline| {
         let mut total: isize = 0;
         let mut ops = 0usize;
         for op in 0..ops_per_thread() {
@@ -222,7 +107,7 @@ fn untoken(item: NonNull<u8>) -> (usize, usize) {
 /// created must be in exactly one hand or in the final drain.
 fn stack_conserves_tokens<const N: usize>(mut stack: PerCpuStack<u8, N>) {
     let started = Instant::now();
-    let (hands, chaos) = stress(|t, migrator, deadline| {
+    let (hands, chaos) = CHAOS.stress(|t, migrator, deadline| {
         // Addresses, not NonNull: the hands travel back to the main thread.
         let mut hand: Vec<usize> = Vec::new();
         let mut created = 0usize;
