@@ -7,7 +7,10 @@ extern crate loom;
 pub mod cpu;
 pub mod epoch;
 mod os;
+mod push_list;
 pub mod refcount;
 pub mod rmlock;
 mod sync;
+#[cfg(not(scalemem_loom))]
+mod thread_exit;
 pub mod util;

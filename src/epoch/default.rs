@@ -19,7 +19,7 @@ mod imp {
 
     use super::super::collector::Collector;
     use super::super::internal::{Global, Local};
-    use crate::sync::atomic::{AtomicUsize, Ordering};
+    use crate::thread_exit::ExitKey;
 
     static DEFAULT_GLOBAL: Global = Global::new_static();
 
@@ -36,32 +36,8 @@ mod imp {
         static RECORD: Cell<*const Local> = const { Cell::new(ptr::null()) };
     }
 
-    /// The pthread key whose destructor releases a thread's record; 0 until created,
-    /// then key + 1. Acquire/Release: the winner's key value is all that is published.
-    static KEY: AtomicUsize = AtomicUsize::new(0);
-
-    fn key() -> Option<libc::pthread_key_t> {
-        // Acquire: pairs with the Release CAS below.
-        match KEY.load(Ordering::Acquire) {
-            0 => {}
-            k => return Some((k - 1) as libc::pthread_key_t),
-        }
-        let mut key: libc::pthread_key_t = 0;
-        // SAFETY: `key` is a valid out-pointer and `release_at_exit` has the signature
-        // pthread destructors need.
-        if unsafe { libc::pthread_key_create(&mut key, Some(release_at_exit)) } != 0 {
-            return None;
-        }
-        // Release: publishes the created key to the Acquire loads above.
-        match KEY.compare_exchange(0, key as usize + 1, Ordering::Release, Ordering::Acquire) {
-            Ok(_) => Some(key),
-            Err(winner) => {
-                // SAFETY: our key was never used; another thread's won.
-                unsafe { libc::pthread_key_delete(key) };
-                Some((winner - 1) as libc::pthread_key_t)
-            }
-        }
-    }
+    /// The pthread key whose destructor releases a thread's record.
+    static KEY: ExitKey = ExitKey::new(release_at_exit);
 
     /// Thread-exit hook: releases the thread's handle on its record.
     unsafe extern "C" fn release_at_exit(record: *mut libc::c_void) {
@@ -89,7 +65,7 @@ mod imp {
         let local = Global::register(COLLECTOR.global)
             .unwrap_or_else(|_| std::alloc::handle_alloc_error(std::alloc::Layout::new::<Local>()));
         if current.is_null() {
-            if let Some(key) = key() {
+            if let Some(key) = KEY.get() {
                 // SAFETY: `key` is a live key; the value is this thread's record.
                 if unsafe { libc::pthread_setspecific(key, local.as_ptr().cast()) } == 0 {
                     let _ = RECORD.try_with(|slot| slot.set(local.as_ptr()));

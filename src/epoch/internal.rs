@@ -17,6 +17,7 @@ use super::queue::{GarbageQueue, reclaim_list};
 use super::retired::{ReclaimFn, Retired};
 use crate::cpu::fence;
 use crate::os;
+use crate::push_list::push_list;
 use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering, fence as atomic_fence};
 use crate::util::{AllocError, CachePadded};
 
@@ -375,21 +376,6 @@ impl Global {
             self.try_advance();
         }
         self.collect();
-    }
-}
-
-/// Pushes the private list `head..=tail` onto `list`. Push-only and take-all lists have
-/// no ABA problem: a CAS that succeeds links `tail` to the head it just saw.
-fn push_list<T>(list: &AtomicPtr<T>, head: NonNull<T>, tail: NonNull<T>, set_next: impl Fn(NonNull<T>, *mut T)) {
-    // Relaxed: the CAS below re-validates the value.
-    let mut current = list.load(Ordering::Relaxed);
-    loop {
-        set_next(tail, current);
-        // Release: publishes the list's contents to the Acquire swap that takes it.
-        match list.compare_exchange_weak(current, head.as_ptr(), Ordering::Release, Ordering::Relaxed) {
-            Ok(_) => return,
-            Err(actual) => current = actual,
-        }
     }
 }
 
