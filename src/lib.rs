@@ -6,6 +6,7 @@ extern crate loom;
 
 pub mod cpu;
 pub mod epoch;
+pub mod hazard;
 mod os;
 mod push_list;
 pub mod refcount;
