@@ -5,10 +5,12 @@
 extern crate loom;
 
 pub mod cpu;
+pub mod ds;
 pub mod epoch;
 pub mod hazard;
 mod os;
 mod push_list;
+pub mod reclaim;
 pub mod refcount;
 pub mod rmlock;
 mod sync;

@@ -231,3 +231,49 @@ pub(crate) fn into_inner<T>(cell: UnsafeCell<T>) -> T {
 pub(crate) fn into_inner<T>(cell: UnsafeCell<T>) -> T {
     cell.into_inner()
 }
+
+// --- Canary: a node's lifetime made visible to loom (appended for `ds`) ---
+
+/// A marker that data-structure nodes embed: zero-sized and free in normal builds; under
+/// loom a cell that readers [`touch`](Canary::touch) after reaching the node and that is
+/// written when the node is dropped, so loom reports a free that is not ordered after
+/// every read (what a reclamation bug looks like) as a causality violation.
+pub(crate) use canary_imp::Canary;
+
+#[cfg(not(scalemem_loom))]
+mod canary_imp {
+    #[derive(Debug, Default)]
+    pub(crate) struct Canary;
+
+    impl Canary {
+        pub(crate) const fn new() -> Self {
+            Self
+        }
+
+        #[inline]
+        pub(crate) fn touch(&self) {}
+    }
+}
+
+#[cfg(scalemem_loom)]
+mod canary_imp {
+    #[derive(Debug, Default)]
+    pub(crate) struct Canary(loom::cell::UnsafeCell<()>);
+
+    impl Canary {
+        pub(crate) fn new() -> Self {
+            Self(loom::cell::UnsafeCell::new(()))
+        }
+
+        /// A read of the node, checked against its drop.
+        pub(crate) fn touch(&self) {
+            self.0.with(|_| ());
+        }
+    }
+
+    impl Drop for Canary {
+        fn drop(&mut self) {
+            self.0.with_mut(|_| ());
+        }
+    }
+}
