@@ -1,8 +1,10 @@
-//! Stress run of everything that exists: a Treiber stack on `epoch` hammered by 16
-//! threads (oversubscribed on small machines, so threads are preempted inside pinned
-//! sections), threads created and destroyed while they retire, and per-CPU counters fed
-//! from every thread. Every value must come out exactly once, every retired object must
-//! be dropped exactly once, and the counters must sum exactly.
+//! Stress run of everything that exists: a Treiber stack on `epoch` and a Michael-Scott
+//! queue on hazard pointers hammered by 16 threads (oversubscribed on small machines, so
+//! threads are preempted inside pinned and protected sections), an `AtomicArc` updated by
+//! read-copy-update from every thread, threads created and destroyed while they retire,
+//! and per-CPU counters fed from every thread. Every value must come out exactly once
+//! (and in order per producer from the queue), every retired object must be dropped
+//! exactly once, every `rcu` must count, and the counters must sum exactly.
 //!
 //! ```text
 //! cargo run --release --example stress            # 3 seconds, 16 threads
@@ -23,7 +25,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use scalemem::cpu::{self, PerCpuCounter, fence};
+use scalemem::ds::MsQueue;
 use scalemem::epoch::{self, Atomic, Owned};
+use scalemem::hazard::{AtomicArc, Domain};
+use scalemem::reclaim::Hazard;
 use treiber_stack::TreiberStack;
 
 /// A value whose drops are counted.
@@ -48,6 +53,10 @@ pub struct Report {
     pub elapsed: Duration,
     /// Pushes plus pops.
     pub stack_ops: usize,
+    /// Enqueues plus dequeues on the hazard-pointer queue.
+    pub queue_ops: usize,
+    /// Read-copy-updates of the `AtomicArc` (and as many guarded loads).
+    pub arc_updates: usize,
     /// Short-lived threads created (and exited) meanwhile.
     pub churned_threads: usize,
     /// Objects those threads retired.
@@ -70,14 +79,21 @@ pub fn run(secs: f64, threads: usize) -> Report {
     let stack = Arc::new(TreiberStack::new());
     let next_id = Arc::new(AtomicUsize::new(0));
     let counter = Arc::new(PerCpuCounter::new().expect("per-CPU counter memory"));
+    let queue = Arc::new(MsQueue::<(usize, usize), Hazard>::new());
+    let arc = Arc::new(AtomicArc::new(Arc::new(0usize)));
     let barrier = Arc::new(Barrier::new(threads));
     let workers: Vec<_> = (0..threads)
         .map(|t| {
             let (stack, next_id, drops, counter, barrier) =
                 (stack.clone(), next_id.clone(), drops.clone(), counter.clone(), barrier.clone());
+            let (queue, arc) = (queue.clone(), arc.clone());
             thread::spawn(move || {
                 let mut popped = Vec::new();
                 let mut adds = 0usize;
+                // Per producer, the last sequence number this thread dequeued: a queue
+                // hands one producer's values to one consumer in order.
+                let mut last_seq = vec![None::<usize>; threads];
+                let (mut enqueued, mut dequeued, mut updates, mut last_seen) = (0usize, 0usize, 0usize, 0usize);
                 barrier.wait();
                 let mut round = 0usize;
                 while round % 64 != 0 || Instant::now() < deadline {
@@ -91,11 +107,29 @@ pub fn run(secs: f64, threads: usize) -> Report {
                             popped.push(v.id);
                         }
                     }
+                    for _ in 0..burst {
+                        queue.push((t, enqueued));
+                        enqueued += 1;
+                    }
+                    for _ in 0..burst {
+                        if let Some((producer, seq)) = queue.pop() {
+                            assert!(last_seq[producer].is_none_or(|last| last < seq), "queue reordered a producer");
+                            last_seq[producer] = Some(seq);
+                            dequeued += 1;
+                        }
+                    }
+                    if round % 4 == 0 {
+                        arc.rcu(|v| v + 1);
+                        updates += 1;
+                    }
+                    let seen = *arc.load();
+                    assert!(seen >= last_seen, "AtomicArc went back from {last_seen} to {seen}");
+                    last_seen = seen;
                     counter.add(1);
                     adds += 1;
                     round += 1;
                 }
-                (popped, adds)
+                (popped, adds, enqueued, dequeued, updates)
             })
         })
         .collect();
@@ -134,15 +168,26 @@ pub fn run(secs: f64, threads: usize) -> Report {
     }
 
     let mut seen = Vec::new();
-    let mut counter_adds = 0;
+    let (mut counter_adds, mut enqueued, mut dequeued, mut arc_updates) = (0, 0, 0, 0);
     for w in workers {
-        let (popped, adds) = w.join().expect("stack worker panicked");
+        let (popped, adds, enq, deq, updates) = w.join().expect("stack worker panicked");
         seen.extend(popped);
         counter_adds += adds;
+        enqueued += enq;
+        dequeued += deq;
+        arc_updates += updates;
     }
     while let Some(v) = stack.pop() {
         seen.push(v.id);
     }
+    while queue.pop().is_some() {
+        dequeued += 1;
+    }
+    // The queue lost and duplicated nothing; every rcu counted once.
+    assert_eq!(dequeued, enqueued, "hazard-pointer queue: {enqueued} enqueued, {dequeued} dequeued");
+    assert_eq!(*arc.load(), arc_updates, "AtomicArc lost a read-copy-update");
+    // Every hazard-pointer retire is freed once no hazard holds it: nothing does now.
+    Domain::global().reclaim();
 
     // Every id pushed came out exactly once.
     let pushed = next_id.load(SeqCst);
@@ -182,6 +227,8 @@ pub fn run(secs: f64, threads: usize) -> Report {
         threads,
         elapsed: start.elapsed(),
         stack_ops: 2 * pushed,
+        queue_ops: 2 * enqueued,
+        arc_updates,
         churned_threads: churned,
         churn_retired,
         counter_adds,
@@ -206,10 +253,13 @@ fn main() {
     let r = run(secs, threads);
     let s = r.elapsed.as_secs_f64();
     println!(
-        "ok in {s:.2} s: {} Treiber push/pop ({:.2} M/s), {} short-lived threads retired {} objects, \
-         {} per-CPU counter adds, {} epoch advances; every value and object accounted for exactly once",
+        "ok in {s:.2} s: {} Treiber push/pop on epoch ({:.2} M/s), {} queue enqueue/dequeue on hazard \
+         pointers, {} AtomicArc rcu, {} short-lived threads retired {} objects, {} per-CPU counter adds, \
+         {} epoch advances; every value and object accounted for exactly once",
         r.stack_ops,
         r.stack_ops as f64 / s / 1e6,
+        r.queue_ops,
+        r.arc_updates,
         r.churned_threads,
         r.churn_retired,
         r.counter_adds,
