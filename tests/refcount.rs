@@ -701,3 +701,166 @@ fn rseq_sections_are_the_fast_path_here() {
     assert!(format!("{cache:?}").contains(&flag), "{cache:?}");
     assert!(format!("{r:?}").contains(&flag), "{r:?}");
 }
+
+// ---------------------------------------------------------------------------------------
+// Refcache: intrusive headers (the allocator's regions).
+// ---------------------------------------------------------------------------------------
+
+mod intrusive {
+    use super::*;
+    use core::ptr::NonNull;
+    use scalemem::refcount::{RcHeader, RcRelease};
+
+    /// A region-like object: a header plus a payload that the release callback poisons
+    /// and records, so a release while referenced or a second release is visible.
+    #[repr(C)]
+    struct Region {
+        header: RcHeader,
+        payload: AtomicUsize,
+        releases: AtomicUsize,
+    }
+
+    const LIVE: usize = 0x5ca1e;
+    const RELEASED: usize = 0xdead;
+
+    struct ReleaseRegion;
+    impl RcRelease for ReleaseRegion {
+        unsafe fn release(header: NonNull<RcHeader>) {
+            // SAFETY: the header is the first field of a repr(C) Region that the test
+            // keeps alive (leaked) for exactly this check.
+            let region = unsafe { header.cast::<Region>().as_ref() };
+            assert_eq!(region.payload.swap(RELEASED, SeqCst), LIVE, "released twice");
+            region.releases.fetch_add(1, SeqCst);
+        }
+    }
+
+    fn region() -> &'static Region {
+        Box::leak(Box::new(Region {
+            header: RcHeader::new::<ReleaseRegion>(),
+            payload: AtomicUsize::new(LIVE),
+            releases: AtomicUsize::new(0),
+        }))
+    }
+
+    fn ptr(r: &Region) -> NonNull<RcHeader> {
+        NonNull::from(&r.header)
+    }
+
+    #[test]
+    fn released_once_two_epochs_after_zero_and_never_while_counted() {
+        let cache = Refcache::with_config(Config::manual()).unwrap();
+        let r = region();
+        // SAFETY: a fresh header, leaked, so valid after release too.
+        unsafe { cache.register(ptr(r)) };
+        for _ in 0..100 {
+            // SAFETY: we hold the creator's reference.
+            unsafe { cache.inc(ptr(r)) };
+        }
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                // 100 references handed to threads, 25 each, dropped on their CPUs.
+                s.spawn(|| {
+                    for _ in 0..25 {
+                        // SAFETY: each drops one of the 100 references taken above.
+                        unsafe { cache.dec(ptr(r)) };
+                    }
+                });
+            }
+        });
+        for _ in 0..6 {
+            cache.tick();
+        }
+        assert_eq!(r.releases.load(SeqCst), 0, "released while the creator's reference is held");
+        assert_eq!(cache.stats().live, 1);
+        // SAFETY: the creator's reference, given up.
+        unsafe { cache.dec(ptr(r)) };
+        assert_eq!(r.releases.load(SeqCst), 0, "released at once: zero is detected by epochs");
+        let e0 = cache.epoch();
+        tick_until_empty(&cache, 10);
+        assert!(cache.epoch() >= e0 + 2, "released before two epochs passed");
+        assert_eq!(r.releases.load(SeqCst), 1);
+        cache.assert_valid();
+    }
+
+    #[test]
+    fn revive_vetoes_the_release_and_fails_after_it() {
+        let cache = Refcache::with_config(Config::manual()).unwrap();
+        let r = region();
+        // SAFETY: fresh header, leaked.
+        unsafe { cache.register(ptr(r)) };
+        // SAFETY: the creator's reference.
+        unsafe { cache.dec(ptr(r)) };
+        cache.tick(); // zero reaches the header: queued for review, dying
+        // SAFETY: the header is leaked, so valid whatever the domain does.
+        assert!(unsafe { cache.try_revive(ptr(r)) }, "not released yet: revival succeeds");
+        for _ in 0..6 {
+            cache.tick();
+        }
+        assert_eq!(r.releases.load(SeqCst), 0, "a revived region must not be released");
+        assert_eq!(r.header.global_count(), 1);
+        // SAFETY: the revived reference, given up.
+        unsafe { cache.dec(ptr(r)) };
+        tick_until_empty(&cache, 10);
+        assert_eq!(r.releases.load(SeqCst), 1);
+        // SAFETY: leaked header.
+        assert!(!unsafe { cache.try_revive(ptr(r)) }, "revival after the release must fail");
+    }
+
+    #[test]
+    fn dropping_the_domain_releases_zero_count_headers_only() {
+        let (a, b) = (region(), region());
+        {
+            let cache = Refcache::with_config(Config::manual()).unwrap();
+            // SAFETY: fresh headers, leaked.
+            unsafe {
+                cache.register(ptr(a));
+                cache.register(ptr(b));
+                cache.dec(ptr(a));
+            }
+            cache.tick();
+        }
+        assert_eq!(a.releases.load(SeqCst), 1);
+        assert_eq!(b.releases.load(SeqCst), 0, "a counted header is leaked, not released");
+    }
+
+    #[test]
+    fn racing_revivals_and_drops_release_exactly_once_at_the_end() {
+        // 8 threads revive and drop one header in a loop while the main thread ticks:
+        // a region that empties and refills all the time. It is never released while a
+        // revival holds it, and released exactly once after the last drop.
+        let cache = Refcache::with_config(Config::manual()).unwrap();
+        let r = region();
+        // SAFETY: fresh header, leaked.
+        unsafe { cache.register(ptr(r)) };
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    let mut held = 0usize;
+                    while !stop.load(SeqCst) {
+                        // SAFETY: the header is leaked (valid), and while we hold a
+                        // revived reference the region must be live.
+                        if unsafe { cache.try_revive(ptr(r)) } {
+                            assert_eq!(r.payload.load(SeqCst), LIVE, "released while referenced");
+                            held += 1;
+                            // SAFETY: the reference just revived.
+                            unsafe { cache.dec(ptr(r)) };
+                        }
+                    }
+                    held
+                });
+            }
+            for _ in 0..200 {
+                cache.tick();
+            }
+            // SAFETY: the creator's reference, given up mid-run.
+            unsafe { cache.dec(ptr(r)) };
+            for _ in 0..200 {
+                cache.tick();
+            }
+            stop.store(true, SeqCst);
+        });
+        tick_until_empty(&cache, 10);
+        assert_eq!(r.releases.load(SeqCst), 1);
+    }
+}

@@ -56,3 +56,54 @@ fn refcache_inc_dec_do_not_allocate() {
     }
     assert_eq!(cache.stats().live, 0);
 }
+
+#[test]
+fn intrusive_inc_dec_revive_and_release_do_not_allocate() {
+    use core::ptr::NonNull;
+    use scalemem::refcount::{RcHeader, RcRelease};
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+    static RELEASED: AtomicUsize = AtomicUsize::new(0);
+    struct Count;
+    impl RcRelease for Count {
+        unsafe fn release(_: NonNull<RcHeader>) {
+            RELEASED.fetch_add(1, Relaxed);
+        }
+    }
+    let cache = Refcache::with_config(Config::manual()).unwrap();
+    let headers: Vec<RcHeader> = (0..512).map(|_| RcHeader::new::<Count>()).collect();
+    let ptrs: Vec<NonNull<RcHeader>> = headers.iter().map(NonNull::from).collect();
+    let n = allocations_in(|| {
+        for &p in &ptrs {
+            // SAFETY: fresh headers in `headers`, which outlives the domain's use of them.
+            unsafe { cache.register(p) };
+        }
+        for _ in 0..4 {
+            for &p in &ptrs {
+                // SAFETY: we hold each header's creator reference.
+                unsafe {
+                    cache.inc(p);
+                    cache.dec(p);
+                }
+            }
+            cache.tick();
+        }
+        for &p in &ptrs {
+            // SAFETY: the creator references, given up; then revived once and dropped.
+            unsafe {
+                cache.dec(p);
+                cache.tick();
+                if cache.try_revive(p) {
+                    cache.dec(p);
+                }
+            }
+        }
+        for _ in 0..8 {
+            cache.tick();
+        }
+    });
+    assert_eq!(n, 0);
+    assert_eq!(RELEASED.load(Relaxed), 512);
+    drop(cache);
+    drop(headers);
+}

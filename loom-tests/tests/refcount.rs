@@ -403,4 +403,78 @@ mod refcache {
             });
         }
     }
+
+    /// The intrusive form (a region header counting live slabs): a reviver takes a
+    /// reference to a header whose count is zero while ticks review it. The release
+    /// callback writes the region's payload cell, so a revived user reading it
+    /// concurrently is a causality violation; the release runs exactly once, after the
+    /// last reference.
+    #[test]
+    fn intrusive_revive_vs_release() {
+        use core::ptr::NonNull;
+        use scalemem::refcount::{RcHeader, RcRelease};
+
+        #[repr(C)]
+        struct Region {
+            header: RcHeader,
+            payload: UnsafeCell<usize>,
+            releases: AtomicUsize,
+        }
+        // SAFETY: the payload is read by holders of a reference and written once by the
+        // release, which runs when none exists (the property under test).
+        unsafe impl Sync for Region {}
+
+        struct Release;
+        impl RcRelease for Release {
+            unsafe fn release(header: NonNull<RcHeader>) {
+                // SAFETY: the header is the first field of a leaked repr(C) Region.
+                let region = unsafe { header.cast::<Region>().as_ref() };
+                // SAFETY: see the Sync impl; loom checks the claim.
+                region.payload.with_mut(|v| unsafe { *v = 0 });
+                region.releases.fetch_add(1, SeqCst);
+            }
+        }
+
+        for sections in [Sections::None, Sections::All] {
+            run_model(&format!("refcache: intrusive revive vs release ({sections:?})"), move || {
+                set_sections(sections);
+                let cache: &'static Refcache = Box::leak(Box::new(Refcache::with_config(Config::manual()).unwrap()));
+                let region: &'static Region = Box::leak(Box::new(Region {
+                    header: RcHeader::new::<Release>(),
+                    payload: UnsafeCell::new(7),
+                    releases: AtomicUsize::new(0),
+                }));
+                let obj = NonNull::from(&region.header);
+                // SAFETY: a fresh header, leaked (valid after its release too).
+                unsafe {
+                    cache.register(obj);
+                    cache.dec(obj); // the region empties: zero, queued at the next tick
+                }
+                cache.tick();
+                let reviver = thread::spawn(move || {
+                    let obj = NonNull::from(&region.header);
+                    // SAFETY: the header is leaked; a successful revival is a reference.
+                    if unsafe { cache.try_revive(obj) } {
+                        // SAFETY: see the Sync impl.
+                        assert_eq!(region.payload.with(|v| unsafe { *v }), 7);
+                        // SAFETY: the revived reference, given up.
+                        unsafe { cache.dec(obj) };
+                    }
+                });
+                cache.tick();
+                cache.tick(); // due: released unless the revival came first
+                reviver.join().unwrap();
+                for _ in 0..6 {
+                    if region.releases.load(SeqCst) != 0 {
+                        break;
+                    }
+                    cache.tick();
+                }
+                assert_eq!(region.releases.load(SeqCst), 1, "released {} times", region.releases.load(SeqCst));
+                cache.assert_valid();
+                // SAFETY: every reference is gone; the domain was leaked for 'static.
+                drop(unsafe { Box::from_raw(std::ptr::from_ref(cache).cast_mut()) });
+            });
+        }
+    }
 }

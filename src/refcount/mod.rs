@@ -41,17 +41,22 @@
 //!   never both (an RMW from another CPU would race with the owning CPU's plain `add`);
 //!   words are handed from one side to the other only after the rseq fence.
 //! - Nothing on a get/put or increment/decrement path allocates. Creating a `PercpuRef`
-//!   maps its per-CPU slots; `Refcache::alloc` boxes the object.
+//!   maps its per-CPU slots; `Refcache::alloc` boxes the object, while objects that embed
+//!   an [`RcHeader`] (the allocator's own metadata) are counted through raw pointers with
+//!   [`Refcache::inc`]/[`dec`](Refcache::dec) and freed by an [`RcRelease`] callback,
+//!   without any allocation.
 //! - Under loom: 2 CPUs, 2 cache ways per CPU (every object in way 0), rseq sections
 //!   modelled by per-CPU section locks, fences SeqCst.
 
 mod arc;
+mod intrusive;
 pub mod percpu;
 mod rcref;
 pub mod refcache;
 mod section;
 
 pub use arc::{PercpuArc, PercpuOwner};
+pub use intrusive::{RcHeader, RcRelease};
 pub use percpu::{Init, PercpuRef};
 pub use rcref::{RcRef, RcWeak};
 pub use refcache::{Config, Refcache, RefcacheStats};

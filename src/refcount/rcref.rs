@@ -82,6 +82,28 @@ impl Header {
         }
     }
 
+    /// A strong reference made from nothing but the header, unless the object has been
+    /// freed: one SeqCst RMW that adds one to the global count and clears `DYING` (the
+    /// weak upgrade of the `refcache` module documentation).
+    pub(crate) fn try_upgrade(&self) -> bool {
+        // Relaxed first read; the CAS decides.
+        let mut state = self.state.load(Ordering::Relaxed);
+        loop {
+            if state & FREED != 0 {
+                return false;
+            }
+            let new = add_count(state, 1) & !DYING;
+            // SeqCst: the upgrade and the reviewer's free race on this word; the one RMW
+            // each makes decides, and SeqCst keeps the proof in the module docs in terms
+            // of one order of header RMWs. Acquire also orders our use of the value after
+            // everything published by earlier RMWs.
+            match self.state.compare_exchange_weak(state, new, Ordering::SeqCst, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(seen) => state = seen,
+            }
+        }
+    }
+
     /// Gives up one weak unit; deallocates at zero.
     ///
     /// # Safety
@@ -270,22 +292,7 @@ impl<'d, T> RcWeak<'d, T> {
     pub fn upgrade(&self) -> Option<RcRef<'d, T>> {
         // SAFETY: our weak unit keeps the header alive.
         let header = unsafe { self.obj.as_ref() };
-        // Relaxed first read; the CAS decides.
-        let mut state = header.state.load(Ordering::Relaxed);
-        loop {
-            if state & FREED != 0 {
-                return None;
-            }
-            let new = add_count(state, 1) & !DYING;
-            // SeqCst: the upgrade and the reviewer's free race on this word; the one RMW
-            // each makes decides, and SeqCst keeps the proof in the module docs in terms
-            // of one order of header RMWs. Acquire also orders our use of the value after
-            // everything published by earlier RMWs.
-            match header.state.compare_exchange_weak(state, new, Ordering::SeqCst, Ordering::Relaxed) {
-                Ok(_) => return Some(RcRef::from_owned(self.domain, self.obj)),
-                Err(seen) => state = seen,
-            }
-        }
+        header.try_upgrade().then(|| RcRef::from_owned(self.domain, self.obj))
     }
 }
 

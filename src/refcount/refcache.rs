@@ -262,7 +262,7 @@ pub(crate) struct Domain {
     review: UnsafeCell<ReviewList>,
     /// Objects on the inbox or the review list.
     pending: AtomicUsize,
-    allocated: AtomicUsize,
+    pub(crate) allocated: AtomicUsize,
     freed: AtomicUsize,
     /// Whether this domain uses rseq sections (fixed at construction; see `section`).
     sections: bool,
@@ -815,6 +815,11 @@ impl Refcache {
             }
         }
         assert_eq!(listed, domain.pending.load(Ordering::Relaxed), "Refcache: pending count disagrees with the lists");
+    }
+
+    /// The shared state, for the intrusive API (`intrusive.rs`).
+    pub(crate) fn domain(&self) -> &Domain {
+        &self.domain
     }
 
     /// The current epoch.
