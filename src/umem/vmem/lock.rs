@@ -69,7 +69,9 @@ impl<T> Lock<T> {
     #[cold]
     #[inline(never)]
     fn lock_slow(&self) {
-        for _ in 0..SPINS {
+        let mut spins = SPINS;
+        while spins > 0 {
+            spins -= 1;
             crate::sync::spin_loop();
             // Acquire: as in `lock`. Relaxed on failure: we read nothing through it.
             if self.state.load(Ordering::Relaxed) == UNLOCKED
