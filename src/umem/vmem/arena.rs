@@ -10,11 +10,18 @@ use super::{Policy, Source, VmemError};
 const FREELISTS: usize = usize::BITS as usize;
 
 /// The index of the highest set bit of `n` (> 0): the free list a segment of size `n`
-/// belongs on.
+/// belongs on. (The mask is the identity; it lets the compiler drop the bounds checks,
+/// and their formatting panics, from the free-list indexing on the alloc/free paths.)
 #[inline]
 fn highbit(n: usize) -> usize {
     debug_assert!(n > 0);
-    (usize::BITS - 1 - n.leading_zeros()) as usize
+    (usize::BITS - 1 - n.leading_zeros()) as usize & (FREELISTS - 1)
+}
+
+/// The index of the lowest set bit of `n` (> 0), masked as in [`highbit`].
+#[inline]
+fn lowbit(n: usize) -> usize {
+    n.trailing_zeros() as usize & (FREELISTS - 1)
 }
 
 /// Checked placement constraints, in arena units (see `Constraints` for the public form).
@@ -306,7 +313,7 @@ impl Arena {
         if candidates == 0 {
             return None;
         }
-        self.freelist[candidates.trailing_zeros() as usize]
+        self.freelist[lowbit(candidates)]
     }
 
     /// A search of the free lists from the one `size` belongs on upwards: first fit
@@ -315,7 +322,7 @@ impl Arena {
     fn search(&self, size: usize, fit: &Fit, policy: Policy) -> Option<(S, usize)> {
         let mut lists = self.freemap & (usize::MAX << highbit(size));
         while lists != 0 {
-            let i = lists.trailing_zeros() as usize;
+            let i = lowbit(lists);
             lists &= lists - 1;
             let mut best: Option<(S, usize)> = None;
             let mut cur = self.freelist[i];

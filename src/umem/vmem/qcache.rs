@@ -35,18 +35,18 @@ impl QCache {
     /// Takes a cached range's address.
     #[inline]
     pub(super) fn pop(&mut self) -> Option<usize> {
-        self.len = self.len.checked_sub(1)?;
+        let len = self.len.checked_sub(1)?;
+        let addr = *self.slots.get(len)?;
+        self.len = len;
         self.hits += 1;
-        Some(self.slots[self.len])
+        Some(addr)
     }
 
     /// Caches `addr`; `false` if the cache is full (the caller frees it to the arena).
     #[inline]
     pub(super) fn push(&mut self, addr: usize) -> bool {
-        if self.len == DEPTH {
-            return false;
-        }
-        self.slots[self.len] = addr;
+        let Some(slot) = self.slots.get_mut(self.len) else { return false };
+        *slot = addr;
         self.len += 1;
         self.frees += 1;
         true
@@ -59,7 +59,7 @@ impl QCache {
 
     /// The cached addresses.
     pub(super) fn cached(&self) -> &[usize] {
-        &self.slots[..self.len]
+        self.slots.get(..self.len).unwrap_or(&[])
     }
 
     /// Empties the cache into a buffer; returns the buffer and how many it holds.
