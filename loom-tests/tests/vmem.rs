@@ -119,3 +119,39 @@ fn reap_returns_cached_ranges_to_a_needy_allocation() {
         arena.assert_valid();
     });
 }
+
+/// Import and release nest the child's lock around the parent's: two threads on a child
+/// that imports every span from a parent (one span per allocation: the parent's quantum
+/// is the whole request) neither deadlock nor lose a span, and every span goes back.
+#[test]
+fn import_and_release_through_a_parent_arena() {
+    run_model("vmem: import/release nesting", || {
+        let parent: &'static Vmem<'static> = Box::leak(Box::new(Vmem::new("loom-parent", 0, 4, 2, None, 0).unwrap()));
+        let child = Arc::new(Vmem::builder("loom-child").source(parent).build().unwrap());
+        let map = Arc::new(AtomicUsize::new(0));
+        let other = {
+            let (child, map) = (child.clone(), map.clone());
+            thread::spawn(move || {
+                let a = child.alloc(2, IF).unwrap();
+                claim(&map, a, 2);
+                unclaim(&map, a, 2);
+                child.free(a, 2).unwrap();
+            })
+        };
+        let b = child.alloc(2, IF).unwrap();
+        claim(&map, b, 2);
+        unclaim(&map, b, 2);
+        child.free(b, 2).unwrap();
+        other.join().unwrap();
+        child.assert_valid();
+        parent.assert_valid();
+        let s = child.stats();
+        assert_eq!((s.total, s.imports), (0, s.releases));
+        assert_eq!(parent.stats().in_use, 0);
+        // The other thread's handle died with it (joined above), so this is the last.
+        assert!(Arc::try_unwrap(child).is_ok(), "the last handle to the child");
+        // SAFETY: the box was leaked above only to lend the parent to the child for
+        // 'static; the child, its only borrower, has just been dropped.
+        drop(unsafe { Box::from_raw(std::ptr::from_ref(parent).cast_mut()) });
+    });
+}
