@@ -624,6 +624,10 @@ fn stress(arena: &Vmem<'_>, base: usize, units: usize, threads: usize, rounds: u
                 let mut mine: Vec<(usize, usize)> = Vec::with_capacity(64);
                 let claim = |a: usize, n: usize, from: u32, to: u32| {
                     for u in a - base..a - base + n {
+                        // Relaxed: a unit changes hands only through the arena's or a
+                        // quantum cache's lock (a Release unlock after the free, an
+                        // Acquire lock before the next allocation; a reap chains two),
+                        // which orders these swaps already.
                         let prev = owner[u].swap(to, Relaxed);
                         assert_eq!(prev, from, "unit {:#x} owned by {prev}, thread {me} expected {from}", u + base);
                     }

@@ -60,7 +60,8 @@ impl<T> Lock<T> {
     #[inline]
     fn lock(&self) {
         // Acquire: pairs with the Release swap in `unlock`, so the previous holder's
-        // writes to the value happen before ours.
+        // writes to the value happen before ours. Relaxed on failure: the slow path
+        // retries with its own Acquire operations.
         if self.state.compare_exchange(UNLOCKED, LOCKED, Ordering::Acquire, Ordering::Relaxed).is_err() {
             self.lock_slow();
         }
@@ -73,7 +74,9 @@ impl<T> Lock<T> {
         while spins > 0 {
             spins -= 1;
             crate::sync::spin_loop();
-            // Acquire: as in `lock`. Relaxed on failure: we read nothing through it.
+            // The load is Relaxed: it only decides whether to try; the CAS that takes the
+            // lock is Acquire, as in `lock` (Relaxed on failure: nothing is read through
+            // a failed attempt).
             if self.state.load(Ordering::Relaxed) == UNLOCKED
                 && self.state.compare_exchange(UNLOCKED, LOCKED, Ordering::Acquire, Ordering::Relaxed).is_ok()
             {

@@ -123,6 +123,7 @@
 //! | free of an address that is not allocated | [`VmemError::NotAllocated`] |
 //! | free with a size other than the allocated one | [`VmemError::WrongSize`] |
 //! | `add` of a span overlapping another | [`VmemError::Overlap`] |
+//! | `add` of a span whose base or size is not a multiple of the quantum | [`VmemError::BadConstraints`] |
 //! | impossible constraints (alignment not a power of two, phase not below it, bad `nocross`, `min_addr > max_addr`) | [`VmemError::BadConstraints`] |
 //! | quantum not a power of two | [`VmemError::BadQuantum`] |
 //! | a source returning a misaligned span | [`VmemError::BadSource`] (the span is released) |
