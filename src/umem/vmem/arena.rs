@@ -318,7 +318,9 @@ impl Arena {
 
     /// A search of the free lists from the one `size` belongs on upwards: first fit
     /// (instant-fit's fallback) or best fit (the smallest segment that fits, found in the
-    /// lowest list holding any fit, since every segment of a higher list is larger).
+    /// lowest list holding any fit, since every segment of a higher list is larger; an
+    /// exact fit ends the search at once). Best fit walks whole lists: O(free segments
+    /// in one size class) per call.
     fn search(&self, size: usize, fit: &Fit, policy: Policy) -> Option<(S, usize)> {
         let mut lists = self.freemap & (usize::MAX << highbit(size));
         while lists != 0 {
@@ -328,7 +330,8 @@ impl Arena {
             let mut cur = self.freelist[i];
             while let Some(seg) = cur {
                 if let Some(addr) = fit.place(seg.base(), seg.end(), size) {
-                    if policy == Policy::InstantFit {
+                    // An exact fit cannot be beaten: best fit stops there too.
+                    if policy == Policy::InstantFit || seg.size() == size {
                         return Some((seg, addr));
                     }
                     if best.is_none_or(|(b, _)| seg.size() < b.size()) {
