@@ -16,4 +16,5 @@ pub mod rmlock;
 mod sync;
 #[cfg(not(scalemem_loom))]
 mod thread_exit;
+pub mod umem;
 pub mod util;
