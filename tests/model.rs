@@ -247,10 +247,8 @@ proptest! {
                 }
                 RcOp::Tick => {
                     cache.tick();
-                    for i in 0..OBJECTS {
-                        if let Some(t) = idle[i].as_mut() {
-                            *t += 1;
-                        }
+                    for t in idle.iter_mut().flatten() {
+                        *t += 1;
                     }
                 }
             }
@@ -334,7 +332,7 @@ proptest! {
                 }
                 LockOp::DropRead(k) if !reads.is_empty() => {
                     let k = k % reads.len();
-                    reads.remove(k);
+                    drop(reads.remove(k));
                 }
                 LockOp::Write if write.is_none() && reads.is_empty() => {
                     let mut g = lock.write();
