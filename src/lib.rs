@@ -10,4 +10,5 @@ mod os;
 pub mod refcount;
 pub mod rmlock;
 mod sync;
+pub mod umem;
 pub mod util;
