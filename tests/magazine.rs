@@ -379,7 +379,7 @@ fn no_global_allocation_after_warm_up() {
     for caches in both_modes(TINY) {
         let tokens: Vec<NonNull<u8>> = (0..64).map(|i| token(0, i)).collect();
         let mut held: Vec<NonNull<u8>> = Vec::with_capacity(64);
-        let mut cycle = |held: &mut Vec<NonNull<u8>>| {
+        let cycle = |held: &mut Vec<NonNull<u8>>| {
             // Frees go through push, swap, depot exchange and new magazines; allocs
             // through pop, swap and depot exchange.
             for &t in &tokens {
