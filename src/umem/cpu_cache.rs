@@ -86,13 +86,12 @@
 //! CPU and purges the depot, so the new size applies at once; magazines of the old size
 //! still in flight keep working (each magazine records its own capacity).
 
-use core::mem::offset_of;
 use core::ptr::{NonNull, null_mut};
 
 use super::depot::Depot;
 use super::magazine::Magazine;
 use crate::cpu::rseq::mag_layout::{
-    CAP_SHIFT, LOADED_SHIFT, MAGS, MAX_CAP, PREV_CAP_SHIFT, PREV_ROUNDS_SHIFT, PREV_SHIFT, ROUNDS_MASK, STATE, STOP,
+    CAP_SHIFT, LOADED_SHIFT, MAGS, MAX_CAP, PREV_CAP_SHIFT, PREV_ROUNDS_SHIFT, PREV_SHIFT, ROUNDS_MASK,
 };
 use crate::cpu::{self, PerCpu, fence, rseq};
 use crate::epoch;
@@ -376,11 +375,13 @@ unsafe impl Send for CpuCaches {}
 // SAFETY: see the Send impl.
 unsafe impl Sync for CpuCaches {}
 
+// The layout the rseq sections rely on (not under loom, whose atomics are larger and
+// where no section runs).
 #[cfg(not(scalemem_loom))]
 const _: () = assert!(
-    offset_of!(Slot, stop) == STOP
-        && offset_of!(Slot, state) == STATE
-        && offset_of!(Slot, mags) == MAGS
+    core::mem::offset_of!(Slot, stop) == crate::cpu::rseq::mag_layout::STOP
+        && core::mem::offset_of!(Slot, state) == crate::cpu::rseq::mag_layout::STATE
+        && core::mem::offset_of!(Slot, mags) == MAGS
         && size_of::<AtomicUsize>() == 8
         && size_of::<AtomicPtr<Magazine>>() == 8
 );
