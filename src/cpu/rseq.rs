@@ -948,7 +948,7 @@ mod conditional_tests {
 /// (bits 16..24: the loaded magazine's capacity, 0 when no magazine is loaded), the
 /// loaded index (bits 24..26), the previous index (bits 26..28), the previous magazine's
 /// rounds (bits 32..48) and capacity (bits 48..56, 0 when absent). A magazine's rounds
-/// are the pointers at byte offset [`ROUNDS`] of the magazine, 8 bytes apart.
+/// are the pointers at byte offset [`ROUNDS`](mag_layout::ROUNDS) of the magazine, 8 bytes apart.
 ///
 /// - [`mag_pop`]: if `rounds > 0`, loads `loaded.rounds[rounds - 1]` and commits
 ///   `STATE - 1`.
