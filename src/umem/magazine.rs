@@ -150,7 +150,7 @@ unsafe fn reclaim(link: NonNull<Retired>) {
 mod pool {
     use core::ptr::{self, NonNull};
 
-    use super::MAG_ALIGN;
+    use super::{MAG_ALIGN, asan};
     use crate::sync::UnsafeCell;
     use crate::sync::atomic::{AtomicBool, Ordering};
     use crate::util::Backoff;
@@ -231,7 +231,9 @@ mod pool {
                 })
             });
             if let Some(block) = got {
-                return NonNull::new(block);
+                let block = NonNull::new(block)?;
+                asan::unpoison(block, size);
+                return Some(block);
             }
             // Map a chunk outside the lock; a racing thread may map one too, and the
             // loser's chunk simply replaces the winner's remaining range (that tail, at
@@ -252,6 +254,9 @@ mod pool {
     /// `block` came from `alloc(bytes)` and nobody refers to it any more.
     pub(super) unsafe fn free(block: NonNull<u8>, bytes: usize) {
         let Some(class) = class_of(bytes) else { return };
+        // A freed block is poisoned (except its link word) under AddressSanitizer, so a
+        // thread that touches a magazine after its grace period is reported.
+        asan::poison_after_link(block, MAG_ALIGN << class);
         with_lock(|| {
             POOL.free[class].with_mut(|h| {
                 // SAFETY: under the lock; the block is ours again (contract) and at least
@@ -262,6 +267,39 @@ mod pool {
                 }
             });
         });
+    }
+}
+
+/// AddressSanitizer hooks for the pool (no-ops unless built with `--cfg scalemem_asan`).
+#[cfg(not(scalemem_loom))]
+mod asan {
+    use core::ptr::NonNull;
+
+    #[cfg(scalemem_asan)]
+    unsafe extern "C" {
+        fn __asan_poison_memory_region(addr: *const core::ffi::c_void, size: usize);
+        fn __asan_unpoison_memory_region(addr: *const core::ffi::c_void, size: usize);
+    }
+
+    /// Marks a freed block unreachable, except its first word (the free-list link).
+    #[inline]
+    pub(super) fn poison_after_link(_block: NonNull<u8>, _size: usize) {
+        #[cfg(scalemem_asan)]
+        // SAFETY: the sanitizer runtime is linked (the cfg is set only with it); the
+        // range lies inside a live mapping of the pool.
+        unsafe {
+            __asan_poison_memory_region(_block.as_ptr().add(8).cast(), _size - 8)
+        };
+    }
+
+    /// Makes a block handed out accessible again.
+    #[inline]
+    pub(super) fn unpoison(_block: NonNull<u8>, _size: usize) {
+        #[cfg(scalemem_asan)]
+        // SAFETY: as in poison_after_link.
+        unsafe {
+            __asan_unpoison_memory_region(_block.as_ptr().cast(), _size)
+        };
     }
 }
 
