@@ -141,7 +141,7 @@ impl MagList {
                 Ok(_) => {
                     drop(guard);
                     // Relaxed: statistics (see `count`).
-                    let now = self.count.fetch_sub(1, Ordering::Relaxed) - 1;
+                    let now = self.count.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
                     self.min.fetch_min(now, Ordering::Relaxed);
                     return (Some(mag), failures);
                 }
