@@ -405,3 +405,62 @@ fn no_global_allocation_after_warm_up() {
         assert_eq!(reconfig, 0, "drain/update/reap made global allocations");
     }
 }
+
+/// Runs one test of this binary in a child process with `env` set.
+fn run_child(test: &str, env: &[(&str, &str)]) {
+    let exe = std::env::current_exe().expect("the test binary");
+    let mut command = std::process::Command::new(exe);
+    command.args(["--exact", test, "--test-threads", "1", "--nocapture"]);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().expect("spawn the child test process");
+    assert!(
+        output.status.success(),
+        "child `{test}` with {env:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("1 passed"), "the child ran no test");
+}
+
+/// Sets the address-space limit (RLIMIT_AS) to `bytes`.
+fn limit_address_space(bytes: libc::rlim_t) {
+    let limit = libc::rlimit { rlim_cur: bytes, rlim_max: libc::RLIM_INFINITY };
+    // SAFETY: a valid rlimit for this process.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) }, 0);
+}
+
+/// A refused mmap (no memory for a magazine) is a miss, never a crash, and leaves the
+/// layer consistent. The address-space limit is process-wide, so the case runs in a
+/// child process (this test, re-executed with `MAGAZINE_CHILD=enomem`) in which no
+/// magazine has been made yet.
+#[test]
+fn refused_mmap_is_a_miss() {
+    if std::env::var("MAGAZINE_CHILD").as_deref() != Ok("enomem") {
+        return run_child("refused_mmap_is_a_miss", &[("MAGAZINE_CHILD", "enomem")]);
+    }
+    let layers = both_modes(TINY);
+    drop(scalemem::epoch::pin()); // registers this thread with the epoch first
+    let mut drained = Vec::with_capacity(16);
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: libc::rlim_t = statm.split_whitespace().next().unwrap().parse().unwrap();
+    let page = rustix::param::page_size() as libc::rlim_t;
+    // From here on no new mapping fits: the magazine pool cannot map its first chunk.
+    limit_address_space(pages * page);
+    let mut refused = [false; 2];
+    for (i, caches) in layers.iter().enumerate() {
+        refused[i] = caches.free(token(0, i)) == Err(token(0, i)) && caches.alloc().is_none();
+    }
+    limit_address_space(libc::RLIM_INFINITY);
+    assert_eq!(refused, [true, true], "a free without magazine memory must hand the round back");
+    for caches in &layers {
+        caches.assert_valid();
+        let stats = caches.stats();
+        assert_eq!((stats.cpu_rounds, stats.depot_full, stats.depot_empty), (0, 0, 0));
+        // Memory again: the layer works.
+        caches.free(token(1, 0)).unwrap();
+        caches.drain(|p| drained.push(p));
+    }
+    assert_eq!(drained, [token(1, 0), token(1, 0)]);
+}
