@@ -141,6 +141,21 @@ impl Default for Config {
 }
 
 /// A snapshot of a [`CpuCaches`], read with relaxed loads (exact when quiescent).
+///
+/// ```
+/// use std::ptr::NonNull;
+/// use scalemem::umem::{Config, CpuCaches};
+/// let caches = CpuCaches::new(Config { initial_rounds: 2, ..Config::default() }).unwrap();
+/// let mut objects = [0u64; 5];
+/// for object in &mut objects {
+///     let _ = caches.free(NonNull::from(object).cast());
+/// }
+/// let stats = caches.stats();
+/// // Each round is on some CPU or in a full depot magazine of 2 (unless a free missed).
+/// assert!(stats.cpu_rounds + 2 * stats.depot_full <= 5);
+/// assert_eq!(stats.magazine_size, 2);
+/// # caches.drain(|_| {});
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Stats {
     /// Rounds held in the CPUs' loaded and previous magazines.
@@ -244,10 +259,12 @@ impl Slot {
     }
 
     fn set_state(&self, state: State) {
+        // Relaxed: exclusive access (see above).
         self.state.store(state.0 as usize, Ordering::Relaxed);
     }
 
     fn mag(&self, index: usize) -> Option<NonNull<Magazine>> {
+        // Relaxed: exclusive access (see above).
         NonNull::new(self.mags[index].load(Ordering::Relaxed))
     }
 
@@ -285,6 +302,7 @@ impl Slot {
         if self.snapshot() != expected {
             return None;
         }
+        // Relaxed: under the lock (see above).
         self.mags[expected.spare()].store(item, Ordering::Relaxed);
         let evicted = self.mags[expected.prev()].load(Ordering::Relaxed);
         self.set_state(new);
