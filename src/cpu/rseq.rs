@@ -119,6 +119,15 @@
 //! holds its own token before it touches the block (the refcount module's `Refcache`
 //! does exactly that, and explains why it is enough).
 //!
+//! # Magazine sections (appended for `umem`)
+//!
+//! [`mag_pop`], [`mag_push`] and [`mag_exchange`] run on per-CPU *magazine slots*
+//! (layout and protocol in [`mag_layout`]): a pop or push of a round in the loaded
+//! magazine, and a compare-state transition (swap loaded/previous, install a magazine
+//! from the depot) that stores a magazine into a scratch word and commits a new state
+//! word. Each tests a per-slot stop word inside the section, so a reconfigurer that sets
+//! it and calls [`heavy_rseq`](crate::cpu::fence::heavy_rseq) freezes the slot.
+//!
 //! On other targets, and under `cfg(scalemem_loom)`, [`thread_area`] is always `None`
 //! and the functions report failure (`false` / null) without touching memory, so callers
 //! always need their fallback path.

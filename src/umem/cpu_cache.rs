@@ -853,8 +853,9 @@ impl CpuCaches {
         }
     }
 
-    /// Panics if some CPU's state is malformed (indices, counts above capacities) or a
-    /// present magazine is missing or of another capacity. Quiescent use only (tests).
+    /// Panics if some CPU's state is malformed (indices, counts above capacities), a
+    /// present magazine is missing or of another capacity, or a depot list's length
+    /// differs from its count. Quiescent use only (tests).
     ///
     /// ```
     /// scalemem::umem::cpu_cache::CpuCaches::new(Default::default()).unwrap().assert_valid();
@@ -873,6 +874,7 @@ impl CpuCaches {
                 }
             }
         }
+        self.depot.assert_valid();
     }
 }
 

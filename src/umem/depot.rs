@@ -159,6 +159,24 @@ impl MagList {
         self.count.load(Ordering::Relaxed)
     }
 
+    /// Walks the list (quiescent use only) and checks its count; returns its length.
+    fn assert_valid(&self, what: &str) -> usize {
+        let _guard = epoch::pin();
+        // Acquire: pairs with the pushes' Release CAS (quiescent, so any order would do).
+        let (mut top, _) = unpack(self.head.load(Ordering::Acquire));
+        let mut len = 0;
+        while let Some(mag) = NonNull::new(core::ptr::with_exposed_provenance_mut::<Magazine>(top)) {
+            len += 1;
+            // SAFETY: quiescent: the magazine is in the list, hence live.
+            let cap = unsafe { Magazine::cap(mag) };
+            assert!((1..=crate::cpu::rseq::mag_layout::MAX_CAP).contains(&cap), "depot: bad magazine capacity");
+            top = next_of(mag);
+            assert!(len <= self.len(), "depot {what} list: longer than its count (or a cycle)");
+        }
+        assert_eq!(len, self.len(), "depot {what} list: count differs from length");
+        len
+    }
+
     fn update(&self) {
         // Relaxed: working-set statistics; a race with a concurrent pop only makes the
         // next reap slightly more or less eager.
@@ -234,6 +252,13 @@ impl Depot {
     /// (full, empty) magazine counts.
     pub(crate) fn lens(&self) -> (usize, usize) {
         (self.full.len(), self.empty.len())
+    }
+
+    /// Panics if a list's length differs from its count or holds a malformed magazine.
+    /// Quiescent use only.
+    pub(crate) fn assert_valid(&self) {
+        self.full.assert_valid("full");
+        self.empty.assert_valid("empty");
     }
 
     /// Ends a working-set interval (libumem's `ws_update`).
