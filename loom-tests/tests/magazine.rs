@@ -128,3 +128,25 @@ fn drain_against_the_fast_path() {
         assert_each_once(seen, 5);
     });
 }
+
+#[test]
+fn resize_against_the_fast_path() {
+    run_model("magazine: an update shrinks the magazines (a drain) while CPU 1 frees and allocates", || {
+        // No contention and `shrink_idle: 0`: the first update shrinks 2 -> 1.
+        let config = Config { initial_rounds: 2, min_rounds: 1, max_rounds: 2, grow_contention: 2, shrink_idle: 0 };
+        let caches = Arc::new(CpuCaches::new(config).unwrap());
+        let mut seen = free_then_alloc(&caches, &[1, 2, 3], 0);
+        assert!(seen.is_empty());
+        let other = {
+            let caches = caches.clone();
+            thread::spawn(move || free_then_alloc(&caches, &[4, 5], 2))
+        };
+        // Contention only comes from failed CASes or exchanges, which this interleaving
+        // may produce: then no resize, else a resize to 1 that drains everything.
+        let size = caches.update(|round| seen.push(addr(round)));
+        assert!(size == 1 || caches.stats().contention > 0);
+        seen.extend(other.join().unwrap());
+        drain_all(caches, &mut seen);
+        assert_each_once(seen, 5);
+    });
+}
