@@ -54,7 +54,9 @@
 //! the same operations and the same state words, each under the slot's lock (taken
 //! with an Acquire CAS from 0, released with a Release store). A busy lock is a miss,
 //! never a wait. The mode is chosen once, at construction ([`CpuCaches::new`]), or forced
-//! with [`CpuCaches::new_locked`].
+//! with [`CpuCaches::new_locked`]. In rseq mode, a thread whose own rseq registration
+//! failed (glibc reports it per thread) cannot run the sections: every call it makes is a
+//! miss, and its objects go straight to the layer below.
 //!
 //! # Reconfiguration: stop flag + `heavy_rseq`, not `RmLock`
 //!
