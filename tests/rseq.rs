@@ -232,3 +232,219 @@ fn stack_full_and_empty_at_capacity() {
     assert_eq!(zero.push(token(0, 0)), Err(token(0, 0)));
     assert_eq!(zero.pop(), None);
 }
+
+// --- The magazine sections (rseq::mag_pop, mag_push, mag_exchange) on raw slots ---
+
+mod magazine_sections {
+    use super::*;
+    use scalemem::cpu::rseq::mag_layout::{
+        CAP_SHIFT, LOADED_SHIFT, MAGS, PREV_CAP_SHIFT, PREV_ROUNDS_SHIFT, PREV_SHIFT,
+    };
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+
+    const CAP: usize = 4;
+
+    /// A magazine: 64 bytes of header, then the rounds (rseq::mag_layout::ROUNDS = 64).
+    #[repr(C, align(64))]
+    struct Mag {
+        _header: [usize; 8],
+        rounds: [usize; CAP],
+    }
+
+    /// A CPU's slot in the mag_layout layout. The sections write `state` and `mags` with
+    /// plain stores; the test reads them with atomic loads.
+    #[repr(C, align(128))]
+    struct Slot {
+        stop: AtomicUsize,
+        state: AtomicU64,
+        mags: [AtomicUsize; 3],
+    }
+
+    fn make(loaded: usize, rounds: usize, prev: usize, prev_rounds: usize) -> u64 {
+        rounds as u64
+            | (CAP as u64) << CAP_SHIFT
+            | (loaded as u64) << LOADED_SHIFT
+            | (prev as u64) << PREV_SHIFT
+            | (prev_rounds as u64) << PREV_ROUNDS_SHIFT
+            | (CAP as u64) << PREV_CAP_SHIFT
+    }
+
+    fn decode(state: u64) -> (usize, usize, usize, usize) {
+        (
+            ((state >> LOADED_SHIFT) & 3) as usize,
+            (state & 0xFFFF) as usize,
+            ((state >> PREV_SHIFT) & 3) as usize,
+            ((state >> PREV_ROUNDS_SHIFT) & 0xFFFF) as usize,
+        )
+    }
+
+    /// Every CPU has two 4-round magazines (indices 0 and 1; index 2 is scratch). Workers
+    /// push and pop tokens with mag_push/mag_pop and, when the loaded magazine is full
+    /// (push) or empty (pop) and the previous one can help, swap them with mag_exchange
+    /// from a snapshot that may be stale or another CPU's. Under signals and migrations,
+    /// every token must end up exactly once in a hand or in a magazine.
+    #[test]
+    fn sections_lose_and_duplicate_nothing() {
+        if !rseq_expected() {
+            return;
+        }
+        let n = cpu::possible();
+        let mut mags: Vec<Mag> = (0..2 * n).map(|_| Mag { _header: [0; 8], rounds: [0; CAP] }).collect();
+        let slots: Vec<Slot> = (0..n)
+            .map(|cpu| Slot {
+                stop: AtomicUsize::new(0),
+                state: AtomicU64::new(make(0, 0, 1, 0)),
+                mags: [
+                    AtomicUsize::new((&raw mut mags[2 * cpu]).addr()),
+                    AtomicUsize::new((&raw mut mags[2 * cpu + 1]).addr()),
+                    AtomicUsize::new(0),
+                ],
+            })
+            .collect();
+        let base = slots.as_ptr().cast::<u8>().cast_mut().addr();
+        let stride = size_of::<Slot>();
+        let mags_range = (mags.as_ptr().addr(), mags.as_ptr().addr() + mags.len() * size_of::<Mag>());
+        let (hands, chaos) = CHAOS.stress(|t, migrator, deadline| {
+            let base = std::ptr::with_exposed_provenance_mut::<u8>(base);
+            let area = cpu::rseq::thread_area().unwrap();
+            let mut hand: Vec<usize> = Vec::new();
+            let (mut created, mut swaps) = (0usize, 0usize);
+            let mut rng = 0x2545_f491_4f6c_dd1du64 ^ (t as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            for op in 0..ops_per_thread() {
+                if op % 1024 == 0 && Instant::now() >= deadline {
+                    break;
+                }
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let push = rng % 2 == 0;
+                let done = if push {
+                    let item = hand.pop().unwrap_or_else(|| {
+                        created += 1;
+                        token(t, created - 1).as_ptr().addr()
+                    });
+                    // SAFETY: this thread's area; `n` slots of the mag_layout layout
+                    // `stride` apart whose loaded magazine always has CAP round words;
+                    // only the sections write them while workers run.
+                    let ok = unsafe { cpu::rseq::mag_push(area, base, stride, n, from_addr(item).as_ptr().cast()) };
+                    if !ok {
+                        hand.push(item);
+                    }
+                    ok
+                } else {
+                    // SAFETY: as above.
+                    let item = unsafe { cpu::rseq::mag_pop(area, base, stride, n) };
+                    if !item.is_null() {
+                        hand.push(item.addr());
+                    }
+                    !item.is_null()
+                };
+                if !done {
+                    // Snapshot (possibly stale, possibly another CPU's) and swap if the
+                    // previous magazine can serve this operation.
+                    let state = slots[cpu::current()].state.load(Relaxed);
+                    let (loaded, rounds, prev, prev_rounds) = decode(state);
+                    let useful = if push { rounds == CAP && prev_rounds == 0 } else { rounds == 0 && prev_rounds > 0 };
+                    if useful {
+                        let spare = 3 - loaded - prev;
+                        let swapped = make(prev, prev_rounds, loaded, rounds);
+                        // SAFETY: as above; the scratch word (`spare`) is referenced by
+                        // neither index of `state`, and `swapped` describes any slot in
+                        // `state` once a null is stored in the scratch word.
+                        let evicted = unsafe {
+                            cpu::rseq::mag_exchange(
+                                area,
+                                base,
+                                stride,
+                                n,
+                                state,
+                                swapped,
+                                std::ptr::null_mut(),
+                                MAGS + 8 * spare,
+                                MAGS + 8 * prev,
+                            )
+                        };
+                        if let Some(evicted) = evicted {
+                            let a = evicted.addr();
+                            assert!(a >= mags_range.0 && a < mags_range.1, "exchange read a foreign word {a:#x}");
+                            swaps += 1;
+                        }
+                    }
+                }
+                migrator.tick(op);
+            }
+            (hand, created, swaps)
+        });
+        // Collect what the magazines hold.
+        let mut stored = Vec::new();
+        for slot in &slots {
+            let (loaded, rounds, prev, prev_rounds) = decode(slot.state.load(Relaxed));
+            assert!(loaded < 2 && prev < 2 && loaded != prev, "a swap left the scratch word loaded");
+            for (index, count) in [(loaded, rounds), (prev, prev_rounds)] {
+                let mag = slot.mags[index].load(Relaxed) as *const Mag;
+                // SAFETY: the slot's magazines are elements of `mags`, alive; the workers
+                // have finished.
+                stored.extend(unsafe { &(&(*mag).rounds)[..count] }.iter().copied());
+            }
+        }
+        let mut seen: Vec<Vec<u8>> = hands.iter().map(|(_, created, _)| vec![0u8; *created]).collect();
+        for addr in hands.iter().flat_map(|(hand, ..)| hand.iter().copied()).chain(stored.iter().copied()) {
+            let (thread, index) = untoken(from_addr(addr));
+            assert!(thread < THREADS && index < seen[thread].len(), "garbage round {addr:#x}");
+            seen[thread][index] += 1;
+        }
+        for (thread, counts) in seen.iter().enumerate() {
+            for (index, &count) in counts.iter().enumerate() {
+                assert_eq!(count, 1, "token ({thread}, {index}) seen {count} times");
+            }
+        }
+        let swaps: usize = hands.iter().map(|h| h.2).sum();
+        eprintln!(
+            "magazine sections: {} rounds stored, {swaps} swaps, {} signals, {} migrations",
+            stored.len(),
+            chaos.signals,
+            chaos.migrations
+        );
+        assert!(swaps > 0 && chaos.signals > 0);
+        drop(mags);
+    }
+
+    /// A stopped slot refuses every section.
+    #[test]
+    fn stop_word_refuses_every_section() {
+        let Some(area) = cpu::rseq::thread_area() else { return };
+        let n = cpu::possible();
+        let mut mag = Mag { _header: [0; 8], rounds: [0; CAP] };
+        let slots: Vec<Slot> = (0..n)
+            .map(|_| Slot {
+                stop: AtomicUsize::new(2),
+                state: AtomicU64::new(make(0, 1, 1, 0)),
+                mags: [AtomicUsize::new((&raw mut mag).addr()), AtomicUsize::new(0), AtomicUsize::new(0)],
+            })
+            .collect();
+        let base = slots.as_ptr().cast::<u8>().cast_mut();
+        let stride = size_of::<Slot>();
+        let state = make(0, 1, 1, 0);
+        // SAFETY: this thread's area; `n` stopped slots whose loaded magazine is `mag`.
+        unsafe {
+            assert!(cpu::rseq::mag_pop(area, base, stride, n).is_null());
+            assert!(!cpu::rseq::mag_push(area, base, stride, n, 16 as *mut ()));
+            let swapped = make(1, 0, 0, 1);
+            assert_eq!(
+                cpu::rseq::mag_exchange(
+                    area,
+                    base,
+                    stride,
+                    n,
+                    state,
+                    swapped,
+                    std::ptr::null_mut(),
+                    MAGS + 16,
+                    MAGS + 8
+                ),
+                None
+            );
+        }
+        assert!(slots.iter().all(|s| s.state.load(Relaxed) == state));
+    }
+}

@@ -119,6 +119,15 @@
 //! holds its own token before it touches the block (the refcount module's `Refcache`
 //! does exactly that, and explains why it is enough).
 //!
+//! # Magazine sections (appended for `umem`)
+//!
+//! [`mag_pop`], [`mag_push`] and [`mag_exchange`] run on per-CPU *magazine slots*
+//! (layout and protocol in [`mag_layout`]): a pop or push of a round in the loaded
+//! magazine, and a compare-state transition (swap loaded/previous, install a magazine
+//! from the depot) that stores a magazine into a scratch word and commits a new state
+//! word. Each tests a per-slot stop word inside the section, so a reconfigurer that sets
+//! it and calls [`heavy_rseq`](crate::cpu::fence::heavy_rseq) freezes the slot.
+//!
 //! On other targets, and under `cfg(scalemem_loom)`, [`thread_area`] is always `None`
 //! and the functions report failure (`false` / null) without touching memory, so callers
 //! always need their fallback path.
@@ -922,5 +931,416 @@ mod conditional_tests {
         }
         rustix::thread::sched_setaffinity(None, &original).unwrap();
         assert_eq!((0..n).map(|cpu| blocks[cpu * 16 + 9] as isize).sum::<isize>(), 4);
+    }
+}
+
+// --- Magazine sections for `umem` (appended; see "Magazine sections" below) ---
+
+/// The layout the magazine sections ([`mag_pop`], [`mag_push`], [`mag_exchange`]) work
+/// on: one *magazine slot* per CPU and the magazines it points to. `umem`'s per-CPU
+/// caches are built on it; the constants are public so that their layout can be checked
+/// against these at compile time.
+///
+/// # Magazine sections
+///
+/// A CPU's slot holds three words the sections use, at these byte offsets:
+///
+/// ```text
+/// STOP  (0):  0 while the fast path may run; non-zero while a reconfiguration owns the
+///             slot. Sections only read it; they fail, changing nothing, when it is set.
+/// STATE (8):  the packed state word (below); every section commits by storing it.
+/// MAGS (16):  three magazine pointers; STATE says which one is "loaded", which one is
+///             "previous"; the third is unreferenced (scratch for an exchange).
+/// ```
+///
+/// The state word packs `rounds` (bits 0..16: rounds in the loaded magazine), `cap`
+/// (bits 16..24: the loaded magazine's capacity, 0 when no magazine is loaded), the
+/// loaded index (bits 24..26), the previous index (bits 26..28), the previous magazine's
+/// rounds (bits 32..48) and capacity (bits 48..56, 0 when absent). A magazine's rounds
+/// are the pointers at byte offset [`ROUNDS`](mag_layout::ROUNDS) of the magazine, 8 bytes apart.
+///
+/// - [`mag_pop`]: if `rounds > 0`, loads `loaded.rounds[rounds - 1]` and commits
+///   `STATE - 1`.
+/// - [`mag_push`]: if `rounds < cap`, stores the item into `loaded.rounds[rounds]` (a
+///   word beyond the count, which nobody reads) and commits `STATE + 1`. With `cap = 0`
+///   (nothing loaded) it always fails, so it never touches a missing magazine.
+/// - [`mag_exchange`]: if `STATE == expected`, stores a pointer into a magazine word the
+///   expected state does not reference, loads another magazine word, and commits `new`.
+///   Every other transition of a slot (swapping loaded and previous, installing a
+///   magazine from the depot and evicting the previous one) is one such exchange.
+///
+/// Because every section tests `STOP` between `start_ip` and its commit, a thread that
+/// sets `STOP` and then calls [`heavy_rseq`](crate::cpu::fence::heavy_rseq) (which
+/// returned `true`) knows that no section that saw `STOP == 0` can still commit: the
+/// slot is frozen until it clears `STOP`.
+pub mod mag_layout {
+    /// Byte offset of the stop word in a CPU's magazine slot.
+    pub const STOP: usize = 0;
+    /// Byte offset of the state word in a CPU's magazine slot.
+    pub const STATE: usize = 8;
+    /// Byte offset of the three magazine pointers in a CPU's magazine slot.
+    pub const MAGS: usize = 16;
+    /// Byte offset of the rounds array in a magazine.
+    pub const ROUNDS: usize = 64;
+    /// Mask of the loaded magazine's round count in the state word.
+    pub const ROUNDS_MASK: u64 = 0xFFFF;
+    /// Shift of the loaded magazine's capacity (8 bits) in the state word.
+    pub const CAP_SHIFT: u32 = 16;
+    /// Shift of the loaded magazine's index (2 bits) in the state word.
+    pub const LOADED_SHIFT: u32 = 24;
+    /// Shift of the previous magazine's index (2 bits) in the state word.
+    pub const PREV_SHIFT: u32 = 26;
+    /// Shift of the previous magazine's round count (16 bits) in the state word.
+    pub const PREV_ROUNDS_SHIFT: u32 = 32;
+    /// Shift of the previous magazine's capacity (8 bits) in the state word.
+    pub const PREV_CAP_SHIFT: u32 = 48;
+    /// The largest magazine capacity the state word can describe.
+    pub const MAX_CAP: usize = 255;
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom)))]
+pub use x86_64_magazine::{mag_exchange, mag_pop, mag_push};
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom))))]
+pub use fallback_magazine::{mag_exchange, mag_pop, mag_push};
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom)))]
+mod x86_64_magazine {
+    use super::mag_layout::{CAP_SHIFT, LOADED_SHIFT, MAGS, ROUNDS, STATE, STOP};
+    use crate::cpu::rseq_abi::{CPU_ID, RSEQ_CS, SIGNATURE};
+
+    /// Pops a round from the current CPU's loaded magazine (see
+    /// [`mag_layout`](super::mag_layout)). Returns null, having changed nothing, if the
+    /// slot is stopped, the loaded magazine is empty (or missing), or the CPU number is
+    /// not below `ncpus`.
+    ///
+    /// # Safety
+    /// 1. `area` was returned by [`thread_area`](super::thread_area) on the calling thread.
+    /// 2. For every `cpu < ncpus`, `base.byte_add(cpu * stride)` is a valid, 8-byte-aligned
+    ///    magazine slot (layout of [`mag_layout`](super::mag_layout)) for the duration of
+    ///    the call, and the product does not overflow; whenever its state word says
+    ///    `cap > 0`, the loaded magazine pointer refers to a live magazine with at least
+    ///    `cap` round words, of which the first `rounds` hold rounds.
+    /// 3. While any thread may run the magazine sections on these slots, the state words
+    ///    and the magazine pointers are written only by these sections, or by a thread
+    ///    that has stopped the slot (set `STOP`, then `heavy_rseq` returned `true`), and
+    ///    the loaded magazine's round words only by these sections or that thread.
+    ///
+    /// ```
+    /// use scalemem::cpu::{possible, rseq};
+    /// let n = possible();
+    /// let mut slots = vec![[0usize; 8]; n]; // stop, state (nothing loaded), mags, padding
+    /// if let Some(area) = rseq::thread_area() {
+    ///     // SAFETY: this thread's area; `n` valid empty slots 64 bytes apart.
+    ///     let round = unsafe { rseq::mag_pop(area, slots.as_mut_ptr().cast(), 64, n) };
+    ///     assert!(round.is_null());
+    /// }
+    /// ```
+    #[inline]
+    pub unsafe fn mag_pop(area: *mut u8, base: *mut u8, stride: usize, ncpus: usize) -> *mut () {
+        let item: *mut ();
+        // SAFETY: this thread's live area (1); the slot of a CPU below `ncpus` and its
+        // loaded magazine are valid (2) and written only by these sections or a stopper
+        // that these sections exclude by testing STOP inside the section (3). The item
+        // register is zeroed at every (re)start; the only store is the commit, the last
+        // instruction. No stack use; every written register is declared.
+        unsafe {
+            core::arch::asm!(
+                ".pushsection __rseq_cs, \"aw\"",
+                ".balign 32",
+                "3:",
+                ".long 0, 0",
+                ".quad 4f, (5f - 4f), 6f",
+                ".popsection",
+                "2:",
+                "xor {item:e}, {item:e}",
+                "lea {slot}, [rip + 3b]",
+                "mov qword ptr [{area} + {rseq_cs}], {slot}",
+                "4:",
+                "mov {slot:e}, dword ptr [{area} + {cpu_id}]",
+                "cmp {slot}, {ncpus}",
+                "jae 9f",
+                "imul {slot}, {stride}",
+                "add {slot}, {base}",
+                "cmp qword ptr [{slot} + {stop}], 0",
+                "jne 9f",
+                "mov {st}, qword ptr [{slot} + {state}]",
+                "movzx {n:e}, {st:x}",
+                "test {n:e}, {n:e}",
+                "jz 9f",
+                "mov {mag}, {st}",
+                "shr {mag}, {loaded_shift}",
+                "and {mag}, 3",
+                "mov {mag}, qword ptr [{slot} + 8*{mag} + {mags}]",
+                "mov {item}, qword ptr [{mag} + 8*{n} + {rounds_m8}]",
+                "sub {st}, 1",
+                // The commit.
+                "mov qword ptr [{slot} + {state}], {st}",
+                "5:",
+                "jmp 9f",
+                ".byte 0x0f, 0xb9, 0x3d",
+                ".long {signature}",
+                "6:",
+                "jmp 2b",
+                "9:",
+                area = in(reg) area,
+                base = in(reg) base,
+                stride = in(reg) stride,
+                ncpus = in(reg) ncpus,
+                slot = out(reg) _,
+                st = out(reg) _,
+                n = out(reg) _,
+                mag = out(reg) _,
+                item = out(reg) item,
+                stop = const STOP,
+                state = const STATE,
+                mags = const MAGS,
+                rounds_m8 = const ROUNDS - 8,
+                loaded_shift = const LOADED_SHIFT,
+                rseq_cs = const RSEQ_CS,
+                cpu_id = const CPU_ID,
+                signature = const SIGNATURE,
+                options(nostack),
+            );
+        }
+        item
+    }
+
+    /// Pushes `item` into the current CPU's loaded magazine (see
+    /// [`mag_layout`](super::mag_layout)). Returns `false`, having changed nothing, if
+    /// the slot is stopped, the loaded magazine is full or missing (`cap == 0`), or the
+    /// CPU number is not below `ncpus`.
+    ///
+    /// # Safety
+    /// As for [`mag_pop`].
+    ///
+    /// ```
+    /// use scalemem::cpu::{possible, rseq};
+    /// let n = possible();
+    /// let mut slots = vec![[0usize; 8]; n]; // nothing loaded: every push fails
+    /// if let Some(area) = rseq::thread_area() {
+    ///     // SAFETY: this thread's area; `n` valid empty slots 64 bytes apart.
+    ///     let pushed = unsafe { rseq::mag_push(area, slots.as_mut_ptr().cast(), 64, n, 8 as *mut ()) };
+    ///     assert!(!pushed);
+    /// }
+    /// ```
+    #[inline]
+    pub unsafe fn mag_push(area: *mut u8, base: *mut u8, stride: usize, ncpus: usize, item: *mut ()) -> bool {
+        let ok: u32;
+        // SAFETY: as in `mag_pop`. The round store lands beyond the loaded magazine's
+        // count (`rounds < cap`, so inside its `cap` round words), where nobody reads,
+        // and is published only by the committing store of `STATE + 1`.
+        unsafe {
+            core::arch::asm!(
+                ".pushsection __rseq_cs, \"aw\"",
+                ".balign 32",
+                "3:",
+                ".long 0, 0",
+                ".quad 4f, (5f - 4f), 6f",
+                ".popsection",
+                "xor {ok:e}, {ok:e}",
+                "2:",
+                "lea {slot}, [rip + 3b]",
+                "mov qword ptr [{area} + {rseq_cs}], {slot}",
+                "4:",
+                "mov {slot:e}, dword ptr [{area} + {cpu_id}]",
+                "cmp {slot}, {ncpus}",
+                "jae 9f",
+                "imul {slot}, {stride}",
+                "add {slot}, {base}",
+                "cmp qword ptr [{slot} + {stop}], 0",
+                "jne 9f",
+                "mov {st}, qword ptr [{slot} + {state}]",
+                "movzx {n:e}, {st:x}",
+                "mov {t}, {st}",
+                "shr {t}, {cap_shift}",
+                "and {t}, 255",
+                "cmp {n}, {t}",
+                "jae 9f",
+                "mov {t}, {st}",
+                "shr {t}, {loaded_shift}",
+                "and {t}, 3",
+                "mov {t}, qword ptr [{slot} + 8*{t} + {mags}]",
+                "mov qword ptr [{t} + 8*{n} + {rounds}], {item}",
+                "add {st}, 1",
+                // The commit.
+                "mov qword ptr [{slot} + {state}], {st}",
+                "5:",
+                "mov {ok:e}, 1",
+                "jmp 9f",
+                ".byte 0x0f, 0xb9, 0x3d",
+                ".long {signature}",
+                "6:",
+                "jmp 2b",
+                "9:",
+                area = in(reg) area,
+                base = in(reg) base,
+                stride = in(reg) stride,
+                ncpus = in(reg) ncpus,
+                item = in(reg) item,
+                slot = out(reg) _,
+                st = out(reg) _,
+                n = out(reg) _,
+                t = out(reg) _,
+                ok = out(reg) ok,
+                stop = const STOP,
+                state = const STATE,
+                mags = const MAGS,
+                rounds = const ROUNDS,
+                cap_shift = const CAP_SHIFT,
+                loaded_shift = const LOADED_SHIFT,
+                rseq_cs = const RSEQ_CS,
+                cpu_id = const CPU_ID,
+                signature = const SIGNATURE,
+                options(nostack),
+            );
+        }
+        ok != 0
+    }
+
+    /// The current CPU's slot makes one transition: if it is not stopped and its state
+    /// word equals `expected`, stores `item` at byte `store_off` of the slot, loads the
+    /// word at byte `load_off`, and commits by storing `new` as the state word. Returns
+    /// the loaded word, or `None`, having changed nothing the state references, if the
+    /// slot is stopped, its state differs, or the CPU number is not below `ncpus`.
+    ///
+    /// # Safety
+    /// 1. and 2. as for [`mag_pop`]; 3. as for [`mag_pop`], and `new` describes the slot
+    ///    correctly once `item` is stored (its loaded and previous magazines, with their
+    ///    rounds and capacities).
+    /// 4. `store_off` and `load_off` are `MAGS + 8 * i` for `i < 3`, and the magazine
+    ///    word at `store_off` is neither the loaded nor the previous one in `expected` (so
+    ///    the store is harmless if the section does not commit).
+    ///
+    /// ```
+    /// use scalemem::cpu::{possible, rseq};
+    /// use scalemem::cpu::rseq::mag_layout::{MAGS, PREV_SHIFT};
+    /// let n = possible();
+    /// let mut slots = vec![[0usize; 8]; n];
+    /// let empty = 1u64 << PREV_SHIFT; // nothing loaded, nothing previous: indices 0 and 1
+    /// for slot in &mut slots { slot[1] = empty as usize; }
+    /// if let Some(area) = rseq::thread_area() {
+    ///     // SAFETY: this thread's area; `n` valid slots 64 bytes apart; index 2 is
+    ///     // unreferenced and the new state (the same) still describes the slot.
+    ///     let old = unsafe {
+    ///         rseq::mag_exchange(area, slots.as_mut_ptr().cast(), 64, n, empty, empty, std::ptr::null_mut(), MAGS + 16, MAGS)
+    ///     };
+    ///     assert_eq!(old, Some(std::ptr::null_mut()));
+    /// }
+    /// ```
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn mag_exchange(
+        area: *mut u8,
+        base: *mut u8,
+        stride: usize,
+        ncpus: usize,
+        expected: u64,
+        new: u64,
+        item: *mut (),
+        store_off: usize,
+        load_off: usize,
+    ) -> Option<*mut ()> {
+        let out: usize;
+        // SAFETY: as in `mag_pop` (1-3). The state test lies between start_ip and the
+        // commit; the scratch store goes to a word `expected` does not reference (4), so
+        // it is harmless when the section restarts or fails; `out` is reset to the
+        // failure value at every (re)start and loaded right before the commit.
+        unsafe {
+            core::arch::asm!(
+                ".pushsection __rseq_cs, \"aw\"",
+                ".balign 32",
+                "3:",
+                ".long 0, 0",
+                ".quad 4f, (5f - 4f), 6f",
+                ".popsection",
+                "2:",
+                "mov {out}, -1",
+                "lea {slot}, [rip + 3b]",
+                "mov qword ptr [{area} + {rseq_cs}], {slot}",
+                "4:",
+                "mov {slot:e}, dword ptr [{area} + {cpu_id}]",
+                "cmp {slot}, {ncpus}",
+                "jae 9f",
+                "imul {slot}, {stride}",
+                "add {slot}, {base}",
+                "cmp qword ptr [{slot} + {stop}], 0",
+                "jne 9f",
+                "cmp qword ptr [{slot} + {state}], {expected}",
+                "jne 9f",
+                "mov qword ptr [{slot} + {store_off}], {item}",
+                "mov {out}, qword ptr [{slot} + {load_off}]",
+                // The commit.
+                "mov qword ptr [{slot} + {state}], {new}",
+                "5:",
+                "jmp 9f",
+                ".byte 0x0f, 0xb9, 0x3d",
+                ".long {signature}",
+                "6:",
+                "jmp 2b",
+                "9:",
+                area = in(reg) area,
+                base = in(reg) base,
+                stride = in(reg) stride,
+                ncpus = in(reg) ncpus,
+                expected = in(reg) expected,
+                new = in(reg) new,
+                item = in(reg) item,
+                store_off = in(reg) store_off,
+                load_off = in(reg) load_off,
+                slot = out(reg) _,
+                out = out(reg) out,
+                stop = const STOP,
+                state = const STATE,
+                rseq_cs = const RSEQ_CS,
+                cpu_id = const CPU_ID,
+                signature = const SIGNATURE,
+                options(nostack),
+            );
+        }
+        (out != usize::MAX).then_some(core::ptr::without_provenance_mut::<()>(out))
+    }
+}
+
+/// Targets without our critical sections: every operation reports failure and touches
+/// nothing ([`thread_area`] is always `None` there).
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom))))]
+mod fallback_magazine {
+    /// No rseq on this target: returns null and changes nothing.
+    ///
+    /// # Safety
+    /// None needed; `unsafe` only to match the x86_64 signature.
+    #[inline]
+    pub unsafe fn mag_pop(_area: *mut u8, _base: *mut u8, _stride: usize, _ncpus: usize) -> *mut () {
+        core::ptr::null_mut()
+    }
+
+    /// No rseq on this target: returns `false` and changes nothing.
+    ///
+    /// # Safety
+    /// None needed; `unsafe` only to match the x86_64 signature.
+    #[inline]
+    pub unsafe fn mag_push(_area: *mut u8, _base: *mut u8, _stride: usize, _ncpus: usize, _item: *mut ()) -> bool {
+        false
+    }
+
+    /// No rseq on this target: returns `None` and changes nothing.
+    ///
+    /// # Safety
+    /// None needed; `unsafe` only to match the x86_64 signature.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn mag_exchange(
+        _area: *mut u8,
+        _base: *mut u8,
+        _stride: usize,
+        _ncpus: usize,
+        _expected: u64,
+        _new: u64,
+        _item: *mut (),
+        _store_off: usize,
+        _load_off: usize,
+    ) -> Option<*mut ()> {
+        None
     }
 }

@@ -1,7 +1,42 @@
 //! umem, the libumem-style allocator; layers land one at a time.
 //!
-//! The layers, bottom up, as `DESIGN.md` lays them out: kernel memory (`mmap`) →
-//! [`vmem`] arenas → slabs → depot → per-CPU magazines → object caches → size-class
-//! caches → `GlobalAlloc`. Only [`vmem`] exists so far.
+//! ```text
+//! GlobalAlloc -> cache -> cpu_cache (per-CPU magazines) -> depot -> slab -> vmem -> os
+//!                         ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^          ^^^^ here so far
+//! ```
+//!
+//! # Glossary
+//!
+//! - **vmem** ([`vmem`]): Bonwick and Adams' resource arenas of integer ranges (address
+//!   space, or ids), the bottom layer that slabs will take their pages from.
+//! - **round**: a constructed object cached in a magazine (an opaque pointer here).
+//! - **magazine** (`magazine.rs`): a fixed-capacity array of rounds, in mmap'd memory.
+//! - **loaded / previous**: the two magazines each CPU holds (Bonwick, 2001); after any
+//!   depot exchange a CPU can serve a full magazine's worth of allocations or frees
+//!   before it needs the depot again.
+//! - **depot** (`depot.rs`): the cache's lock-free stacks of full and empty magazines,
+//!   with working-set (idle magazine) accounting and a contention count.
+//! - **miss**: the layer has no round (alloc) or no room (free); the caller goes to the
+//!   slab layer and runs the constructor or destructor.
+//! - **reconfiguration**: draining every CPU (resize, reap, destroy), the write side of
+//!   the stop-flag protocol in `cpu_cache.rs`.
+//!
+//! # Invariants
+//!
+//! - Each round is in exactly one place: a CPU's loaded or previous magazine (below its
+//!   count), a full depot magazine, or the caller's hands.
+//! - A CPU's previous magazine is full, empty or absent; depot lists hold only full
+//!   (count = capacity) or only empty magazines.
+//! - Every change of a CPU's magazines commits with one store of its state word, inside
+//!   an rseq section (or under the CPU slot's lock in the fallback mode).
+//! - Nothing on the alloc/free paths allocates through the global allocator or formats.
 
+#[cfg(not(target_pointer_width = "64"))]
+compile_error!("umem packs per-CPU magazine state into 64-bit words");
+
+pub mod cpu_cache;
+mod depot;
+mod magazine;
 pub mod vmem;
+
+pub use cpu_cache::{Config, CpuCaches, Stats};

@@ -1,0 +1,894 @@
+//! [`CpuCaches`]: the per-CPU magazine layer of one object cache. Each CPU holds a
+//! *loaded* and a *previous* magazine; allocation pops rounds from the loaded one, free
+//! pushes them, and the depot (`depot.rs`) supplies full and empty magazines.
+//!
+//! # Per-CPU state
+//!
+//! A CPU's slot is `{ stop, state, mags: [*mut Magazine; 3] }` (the layout of
+//! [`rseq::mag_layout`]). The state word packs the loaded magazine's index, round count
+//! and capacity, and the previous magazine's index, round count and capacity (capacity
+//! 0: no magazine). The third magazine word is scratch. **Every change of a slot commits
+//! with one store of the state word**:
+//!
+//! | transition | condition on the state | commit |
+//! |---|---|---|
+//! | pop (alloc fast path) | `rounds > 0` | `rounds - 1` ([`rseq::mag_pop`]) |
+//! | push (free fast path) | `rounds < cap` | `rounds + 1` ([`rseq::mag_push`]) |
+//! | swap (alloc) | `rounds == 0`, previous holds rounds (full) | loaded and previous fields exchanged |
+//! | swap (free) | `rounds == cap` (full or none), previous empty | the same |
+//! | depot exchange (alloc) | `rounds == 0`, previous empty or none | new magazine (full) in the scratch word becomes loaded, loaded becomes previous, previous is handed out (to the depot's empty list) |
+//! | depot exchange (free) | `rounds == cap`, previous full or none | the same with an empty magazine; the old previous goes to the full list |
+//!
+//! The swaps and exchanges are all one section, [`rseq::mag_exchange`]: "if the state
+//! still equals the snapshot I decided on, store the new magazine into the scratch word,
+//! read the previous magazine's word, commit the new state". The new magazine is taken
+//! from the depot (or made) *before* the section; if the section fails (the state moved,
+//! the slot is stopped) the magazine goes back to the depot and the thread decides again.
+//!
+//! # Why a migration or a signal cannot lose or duplicate a round
+//!
+//! - In rseq mode only the sections write a slot's state and magazine words (besides a
+//!   reconfiguration, which first stops the slot, below), and each section ends in its
+//!   one committing store. A thread preempted, migrated or signalled before the commit is
+//!   restarted from the top and re-reads the CPU number and the state, so it commits only
+//!   on the CPU it runs on, to a state it has just read: no two commits to one slot can
+//!   interleave, and an uncommitted attempt leaves nothing anyone reads (a round written
+//!   above the count, a magazine written into the scratch word).
+//! - The snapshot a thread decides on may be stale or come from another CPU's slot (it
+//!   migrated after reading it): the exchange section commits only if the slot it runs on
+//!   has exactly that state, and each transition is correct for *any* slot in that state
+//!   (the condition and the new state depend on the state word only; the evicted
+//!   magazine is read inside the section). A stale snapshot therefore makes the section
+//!   fail, never corrupt.
+//! - A pop returns the round only after its commit, and a push's round becomes visible
+//!   only through its commit; a failed free returns the round to the caller (`Err`), a
+//!   failed alloc returns `None`: each round is in exactly one place at every moment.
+//! - Invariant: the previous magazine is always full, empty or absent (each transition
+//!   moves a loaded magazine to "previous" only when it is empty, or full/absent), so the
+//!   full list holds only full magazines and the empty list only empty ones.
+//!
+//! # Fallback: locked mode
+//!
+//! Without rseq (`SCALEMEM_RSEQ=0`, glibc without rseq, another architecture, loom, or a
+//! kernel without `MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ`) the stop word is a try-lock:
+//! the same operations and the same state words, each under the slot's lock (taken
+//! with an Acquire CAS from 0, released with a Release store). A busy lock is a miss,
+//! never a wait. The mode is chosen once, at construction ([`CpuCaches::new`]), or forced
+//! with [`CpuCaches::new_locked`]. In rseq mode, a thread whose own rseq registration
+//! failed (glibc reports it per thread) cannot run the sections: every call it makes is a
+//! miss, and its objects go straight to the layer below.
+//!
+//! # Reconfiguration: stop flag + `heavy_rseq`, not `RmLock`
+//!
+//! [`drain`](CpuCaches::drain) and resizing must see every CPU's magazines while no fast
+//! path changes them. Rseq mode uses the *stop flag + [`fence::heavy_rseq`]* protocol
+//! (tcmalloc's): the reconfigurer, holding the cache's reconfiguration mutex, stores
+//! `STOPPED` into every slot's stop word (SeqCst), then calls `heavy_rseq`
+//! (`membarrier(PRIVATE_EXPEDITED_RSEQ)`), which restarts every section in flight on
+//! every CPU. Each section reads the stop word between its start and its commit, so after
+//! `heavy_rseq` returns no section that saw the slot running can commit, and every later
+//! one sees `STOPPED` and fails: the slots are frozen, and (membarrier being a full
+//! barrier on every CPU) their last commits are visible to the reconfigurer. It drains
+//! them, writes the initial state, and clears the stop words (Release: a section that
+//! reads 0 sees the drained state). We chose this over [`RmLock`](crate::rmlock::RmLock)
+//! because the fast path then pays nothing beyond its own section: one load and compare
+//! of a word on the cache line the section touches anyway, no counter update, no fence.
+//! An `RmLock` read side would add two rseq additions and a compiler fence per
+//! operation. In locked mode the reconfigurer takes each slot's lock (spinning; holders
+//! are short).
+//!
+//! # Sizing
+//!
+//! Each [`update`](CpuCaches::update) ends an interval: the depot's working set moves on
+//! (`depot.rs`); if the depot saw more than [`Config::grow_contention`] failed CAS
+//! attempts or retried pops during the interval the magazine size grows one step of libumem's ladder
+//! (1, 3, 7, 15, 31, 47, 63, 95, 143, bounded by [`Config::max_rounds`]); if it saw none
+//! and at least [`Config::shrink_idle`] magazines sat idle in the depot for the whole
+//! previous interval, it shrinks a step (libumem never shrinks). A resize drains every
+//! CPU and purges the depot, so the new size applies at once; magazines of the old size
+//! still in flight keep working (each magazine records its own capacity).
+
+use core::ptr::{NonNull, null_mut};
+
+use super::depot::Depot;
+use super::magazine::Magazine;
+use crate::cpu::rseq::mag_layout::{
+    CAP_SHIFT, LOADED_SHIFT, MAGS, MAX_CAP, PREV_CAP_SHIFT, PREV_ROUNDS_SHIFT, PREV_SHIFT, ROUNDS_MASK,
+};
+use crate::cpu::{self, PerCpu, fence, rseq};
+use crate::epoch;
+use crate::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use crate::util::{AllocError, Backoff};
+
+/// libumem's magazine sizes.
+const LADDER: [usize; 9] = [1, 3, 7, 15, 31, 47, 63, 95, 143];
+
+/// Stop word values. `FREE`: the fast path may run. `LOCKED`: a locked-mode operation
+/// holds the slot. `STOPPED`: a reconfiguration owns the slot.
+const FREE: usize = 0;
+const LOCKED: usize = 1;
+const STOPPED: usize = 2;
+
+/// How many times a locked-mode operation tries its slot's lock before missing.
+const LOCK_TRIES: usize = 2;
+/// How many decisions a slow path makes before giving up (a miss).
+const SLOW_TRIES: usize = 4;
+
+/// Tuning of a [`CpuCaches`].
+///
+/// ```
+/// let config = scalemem::umem::cpu_cache::Config { initial_rounds: 2, ..Default::default() };
+/// assert_eq!(config.initial_rounds, 2);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// Rounds per magazine at first (`1..=255`).
+    pub initial_rounds: usize,
+    /// The smallest size shrinking may reach.
+    pub min_rounds: usize,
+    /// The largest size growth may reach (at most 255).
+    pub max_rounds: usize,
+    /// Grow when more than this many depot CAS attempts failed in one interval
+    /// (libumem: 2, counting failed lock attempts).
+    pub grow_contention: usize,
+    /// Shrink when the depot saw no contention and at least this many magazines were
+    /// idle for a whole interval.
+    pub shrink_idle: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self { initial_rounds: 15, min_rounds: 1, max_rounds: 143, grow_contention: 2, shrink_idle: 8 }
+    }
+}
+
+/// A snapshot of a [`CpuCaches`], read with relaxed loads (exact when quiescent).
+///
+/// ```
+/// use std::ptr::NonNull;
+/// use scalemem::umem::{Config, CpuCaches};
+/// let caches = CpuCaches::new(Config { initial_rounds: 2, ..Config::default() }).unwrap();
+/// let mut objects = [0u64; 5];
+/// for object in &mut objects {
+///     let _ = caches.free(NonNull::from(object).cast());
+/// }
+/// let stats = caches.stats();
+/// // Each round is on some CPU or in a full depot magazine of 2 (unless a free missed).
+/// assert!(stats.cpu_rounds + 2 * stats.depot_full <= 5);
+/// assert_eq!(stats.magazine_size, 2);
+/// # caches.drain(|_| {});
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    /// Rounds held in the CPUs' loaded and previous magazines.
+    pub cpu_rounds: usize,
+    /// Full magazines in the depot.
+    pub depot_full: usize,
+    /// Empty magazines in the depot.
+    pub depot_empty: usize,
+    /// Rounds per magazine made from now on.
+    pub magazine_size: usize,
+    /// Failed depot CAS attempts since creation.
+    pub contention: usize,
+    /// Resizes since creation.
+    pub resizes: usize,
+}
+
+/// One CPU's state word, decoded (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct State(u64);
+
+impl State {
+    /// Nothing loaded (index 0), nothing previous (index 1).
+    const INITIAL: State = State(1 << PREV_SHIFT);
+
+    fn rounds(self) -> usize {
+        (self.0 & ROUNDS_MASK) as usize
+    }
+    fn cap(self) -> usize {
+        ((self.0 >> CAP_SHIFT) & 0xFF) as usize
+    }
+    fn loaded(self) -> usize {
+        ((self.0 >> LOADED_SHIFT) & 3) as usize
+    }
+    fn prev(self) -> usize {
+        ((self.0 >> PREV_SHIFT) & 3) as usize
+    }
+    fn prev_rounds(self) -> usize {
+        ((self.0 >> PREV_ROUNDS_SHIFT) & ROUNDS_MASK) as usize
+    }
+    fn prev_cap(self) -> usize {
+        ((self.0 >> PREV_CAP_SHIFT) & 0xFF) as usize
+    }
+    /// The magazine word neither loaded nor previous.
+    fn spare(self) -> usize {
+        3 - self.loaded() - self.prev()
+    }
+
+    fn make(loaded: usize, rounds: usize, cap: usize, prev: usize, prev_rounds: usize, prev_cap: usize) -> State {
+        debug_assert!(loaded != prev && loaded < 3 && prev < 3 && rounds <= cap && prev_rounds <= prev_cap);
+        State(
+            rounds as u64
+                | (cap as u64) << CAP_SHIFT
+                | (loaded as u64) << LOADED_SHIFT
+                | (prev as u64) << PREV_SHIFT
+                | (prev_rounds as u64) << PREV_ROUNDS_SHIFT
+                | (prev_cap as u64) << PREV_CAP_SHIFT,
+        )
+    }
+
+    /// Loaded and previous exchanged.
+    fn swapped(self) -> State {
+        State::make(self.prev(), self.prev_rounds(), self.prev_cap(), self.loaded(), self.rounds(), self.cap())
+    }
+
+    /// A new magazine (`rounds` of `cap`) in the spare word becomes loaded; loaded becomes
+    /// previous; previous leaves.
+    fn installed(self, rounds: usize, cap: usize) -> State {
+        State::make(self.spare(), rounds, cap, self.loaded(), self.rounds(), self.cap())
+    }
+}
+
+/// One CPU's slot, in the layout of [`rseq::mag_layout`].
+#[repr(C)]
+struct Slot {
+    /// `FREE`, `LOCKED` (locked mode) or `STOPPED`. Rseq mode: written only by the
+    /// reconfigurer; the sections read it.
+    stop: AtomicUsize,
+    /// The state word. Rseq mode: written by the sections (plain stores, single-copy
+    /// atomic on x86-64) and by the reconfigurer of a stopped slot; locked mode: under
+    /// the lock.
+    state: AtomicUsize,
+    /// Magazines; which is which is in `state`. Written like `state`.
+    mags: [AtomicPtr<Magazine>; 3],
+}
+
+impl Slot {
+    fn new() -> Self {
+        Self {
+            stop: AtomicUsize::new(FREE),
+            state: AtomicUsize::new(State::INITIAL.0 as usize),
+            mags: core::array::from_fn(|_| AtomicPtr::new(null_mut())),
+        }
+    }
+
+    // Relaxed in the `*_exclusive` methods and `snapshot`: exclusive access (the lock,
+    // whose Acquire/Release order the holders; or a stopped slot, ordered by
+    // `heavy_rseq`) serialises every access; the snapshot is re-checked by the exchange.
+
+    fn snapshot(&self) -> State {
+        State(self.state.load(Ordering::Relaxed) as u64)
+    }
+
+    fn set_state(&self, state: State) {
+        // Relaxed: exclusive access (see above).
+        self.state.store(state.0 as usize, Ordering::Relaxed);
+    }
+
+    fn mag(&self, index: usize) -> Option<NonNull<Magazine>> {
+        // Relaxed: exclusive access (see above).
+        NonNull::new(self.mags[index].load(Ordering::Relaxed))
+    }
+
+    /// Pops a round; requires exclusive access.
+    fn pop_exclusive(&self) -> Option<NonNull<u8>> {
+        let state = self.snapshot();
+        let rounds = state.rounds();
+        if rounds == 0 {
+            return None;
+        }
+        let mag = self.mag(state.loaded())?;
+        // SAFETY: exclusive access; the loaded magazine is live (it is in this slot) and
+        // its first `rounds <= cap` words hold rounds.
+        let round = unsafe { *Magazine::round(mag, rounds - 1) };
+        self.set_state(State(state.0 - 1));
+        NonNull::new(round)
+    }
+
+    /// Pushes a round; requires exclusive access.
+    fn push_exclusive(&self, round: NonNull<u8>) -> bool {
+        let state = self.snapshot();
+        let rounds = state.rounds();
+        if rounds >= state.cap() {
+            return false;
+        }
+        let Some(mag) = self.mag(state.loaded()) else { return false };
+        // SAFETY: exclusive access; the loaded magazine is live with `cap > rounds` words.
+        unsafe { *Magazine::round(mag, rounds) = round.as_ptr() };
+        self.set_state(State(state.0 + 1));
+        true
+    }
+
+    /// [`rseq::mag_exchange`] under exclusive access.
+    fn exchange_exclusive(&self, expected: State, new: State, item: *mut Magazine) -> Option<*mut Magazine> {
+        if self.snapshot() != expected {
+            return None;
+        }
+        // Relaxed: under the lock (see above).
+        self.mags[expected.spare()].store(item, Ordering::Relaxed);
+        let evicted = self.mags[expected.prev()].load(Ordering::Relaxed);
+        self.set_state(new);
+        Some(evicted)
+    }
+
+    /// Takes the loaded and previous magazines out (rounds to `sink`, magazines retired)
+    /// and resets the state; requires exclusive access.
+    fn drain_exclusive(&self, sink: &mut dyn FnMut(NonNull<u8>), guard: &epoch::Guard) {
+        let state = self.snapshot();
+        for (index, rounds, cap) in
+            [(state.loaded(), state.rounds(), state.cap()), (state.prev(), state.prev_rounds(), state.prev_cap())]
+        {
+            if cap == 0 {
+                continue;
+            }
+            let Some(mag) = self.mag(index) else {
+                debug_assert!(false, "cpu_cache: a present magazine is null");
+                continue;
+            };
+            // SAFETY: exclusive access to a stopped/locked slot: the magazine is ours,
+            // with `rounds` valid rounds.
+            unsafe { Magazine::empty_into(mag, rounds, sink) };
+            // SAFETY: after the reset below no state references it, and no section is in
+            // flight on a stopped slot; retired once.
+            unsafe { Magazine::retire(mag, guard) };
+        }
+        self.set_state(State::INITIAL);
+    }
+}
+
+/// How the slots synchronise; fixed at construction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Rseq,
+    Locked,
+}
+
+/// The per-CPU magazine layer of one object cache, generic over what lies below: it
+/// stores opaque, already constructed object pointers ("rounds") and never dereferences
+/// them.
+///
+/// - [`alloc`](Self::alloc) returns a round, or `None` on a miss: the caller then takes
+///   an object from the slab layer and runs the constructor.
+/// - [`free`](Self::free) keeps a round, or hands it back (`Err`) when there is no room:
+///   the caller runs the destructor and frees it to the slab layer.
+/// - [`drain`](Self::drain), [`reap`](Self::reap) and [`update`](Self::update) give rounds
+///   back through a sink, for reconfiguration and memory pressure.
+///
+/// Nothing here allocates through the global allocator: slots come from
+/// [`PerCpu`] (mmap), magazines from an mmap-backed pool. A refused mmap is a miss.
+///
+/// ```
+/// use scalemem::umem::cpu_cache::{Config, CpuCaches};
+/// use std::ptr::NonNull;
+///
+/// let caches = CpuCaches::new(Config { initial_rounds: 2, ..Config::default() }).unwrap();
+/// assert_eq!(caches.alloc(), None); // nothing cached yet: the caller uses the slab layer
+/// let mut objects = [0u64; 3];
+/// for object in &mut objects {
+///     // The caller would otherwise destruct the object and return it to its slab.
+///     let _ = caches.free(NonNull::from(object).cast::<u8>());
+/// }
+/// let round = caches.alloc(); // an object freed above, if this thread's CPU has it
+/// let mut back = Vec::from_iter(round);
+/// caches.drain(|object| back.push(object));
+/// assert_eq!(back.len(), 3);
+/// ```
+pub struct CpuCaches {
+    slots: PerCpu<Slot>,
+    depot: Depot,
+    mode: Mode,
+    config: Config,
+    /// Rounds of the magazines made from now on.
+    mag_rounds: AtomicUsize,
+    /// The reconfigurers' mutex (drain, resize).
+    reconfig: AtomicBool,
+    /// Depot contention at the last `update`.
+    last_contention: AtomicUsize,
+    resizes: AtomicUsize,
+}
+
+// SAFETY: every field is Sync/Send except the raw magazine pointers inside the slots
+// (AtomicPtr is Send + Sync) and the rounds, which are opaque addresses never
+// dereferenced (like AtomicPtr<u8>). Per-CPU state is synchronised by rseq or the slot
+// locks (module documentation); the depot by its atomics and the epoch.
+unsafe impl Send for CpuCaches {}
+// SAFETY: see the Send impl.
+unsafe impl Sync for CpuCaches {}
+
+// The layout the rseq sections rely on (not under loom, whose atomics are larger and
+// where no section runs).
+#[cfg(not(scalemem_loom))]
+const _: () = assert!(
+    core::mem::offset_of!(Slot, stop) == crate::cpu::rseq::mag_layout::STOP
+        && core::mem::offset_of!(Slot, state) == crate::cpu::rseq::mag_layout::STATE
+        && core::mem::offset_of!(Slot, mags) == MAGS
+        && size_of::<AtomicUsize>() == 8
+        && size_of::<AtomicPtr<Magazine>>() == 8
+);
+
+impl CpuCaches {
+    /// An empty layer, in rseq mode where [`cpu::rseq_enabled`] and the kernel offers
+    /// `MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ`, in locked mode otherwise. Fails only if
+    /// the kernel refuses the memory for the per-CPU slots.
+    ///
+    /// ```
+    /// let caches = scalemem::umem::cpu_cache::CpuCaches::new(Default::default()).unwrap();
+    /// assert_eq!(caches.stats().cpu_rounds, 0);
+    /// ```
+    pub fn new(config: Config) -> Result<Self, AllocError> {
+        // heavy_rseq() here also registers membarrier and tells whether the kernel can
+        // stop rseq sections, which reconfiguration relies on.
+        let rseq = cpu::rseq_enabled() && fence::heavy_rseq();
+        Self::with_mode(config, if rseq { Mode::Rseq } else { Mode::Locked })
+    }
+
+    /// An empty layer in locked mode, even where rseq is available (to test or compare
+    /// the fallback).
+    ///
+    /// ```
+    /// let caches = scalemem::umem::cpu_cache::CpuCaches::new_locked(Default::default()).unwrap();
+    /// assert!(!caches.uses_rseq());
+    /// ```
+    pub fn new_locked(config: Config) -> Result<Self, AllocError> {
+        Self::with_mode(config, Mode::Locked)
+    }
+
+    fn with_mode(config: Config, mode: Mode) -> Result<Self, AllocError> {
+        let clamp = |rounds: usize| rounds.clamp(1, MAX_CAP);
+        let config = Config {
+            initial_rounds: clamp(config.initial_rounds),
+            min_rounds: clamp(config.min_rounds.min(config.initial_rounds)),
+            max_rounds: clamp(config.max_rounds.max(config.initial_rounds)),
+            ..config
+        };
+        Ok(Self {
+            slots: PerCpu::new(|_| Slot::new())?,
+            depot: Depot::new(),
+            mode,
+            config,
+            mag_rounds: AtomicUsize::new(config.initial_rounds),
+            reconfig: AtomicBool::new(false),
+            last_contention: AtomicUsize::new(0),
+            resizes: AtomicUsize::new(0),
+        })
+    }
+
+    /// Whether the per-CPU operations are rseq sections (else per-CPU try-locks).
+    ///
+    /// ```
+    /// let caches = scalemem::umem::cpu_cache::CpuCaches::new(Default::default()).unwrap();
+    /// let _fast = caches.uses_rseq();
+    /// ```
+    #[inline]
+    pub fn uses_rseq(&self) -> bool {
+        self.mode == Mode::Rseq
+    }
+
+    /// The configuration in force (sizes clamped to `1..=255`).
+    ///
+    /// ```
+    /// let caches = scalemem::umem::cpu_cache::CpuCaches::new(Default::default()).unwrap();
+    /// assert_eq!(caches.config().initial_rounds, 15);
+    /// ```
+    pub fn config(&self) -> Config {
+        self.config
+    }
+
+    /// Takes a round from the current CPU's magazines, or from a full magazine of the
+    /// depot. `None` is a miss: allocate from the layer below.
+    ///
+    /// ```
+    /// let caches = scalemem::umem::cpu_cache::CpuCaches::new(Default::default()).unwrap();
+    /// assert!(caches.alloc().is_none());
+    /// ```
+    #[inline]
+    pub fn alloc(&self) -> Option<NonNull<u8>> {
+        match self.pop_round() {
+            Some(round) => Some(round),
+            None => self.alloc_slow(),
+        }
+    }
+
+    /// Keeps `round` in the current CPU's magazines (exchanging a full one for an empty
+    /// one with the depot, or making an empty one, if needed). `Err(round)` when there
+    /// is no room: free it to the layer below.
+    ///
+    /// ```
+    /// use std::ptr::NonNull;
+    /// let caches = scalemem::umem::cpu_cache::CpuCaches::new(Default::default()).unwrap();
+    /// let mut object = 0u64;
+    /// let kept = caches.free(NonNull::from(&mut object).cast());
+    /// # let mut rest = Vec::new(); caches.drain(|p| rest.push(p));
+    /// assert!(kept.is_ok() || kept == Err(NonNull::from(&mut object).cast()));
+    /// ```
+    #[inline]
+    pub fn free(&self, round: NonNull<u8>) -> Result<(), NonNull<u8>> {
+        if self.push_round(round) { Ok(()) } else { self.free_slow(round) }
+    }
+
+    #[inline]
+    fn pop_round(&self) -> Option<NonNull<u8>> {
+        match self.mode {
+            Mode::Rseq => {
+                let area = rseq::thread_area()?;
+                let (base, stride, ncpus) = self.slots.raw_parts();
+                // SAFETY: (1) this thread's area, now. (2) `ncpus` initialised slots of
+                // the mag_layout layout (checked at compile time) at base + cpu * stride,
+                // alive with &self; a slot's state and magazine words are consistent
+                // whenever no section is mid-flight (every change commits with the state
+                // store). (3) In rseq mode only the sections and a reconfigurer that
+                // stopped the slot write them.
+                NonNull::new(unsafe { rseq::mag_pop(area, base, stride, ncpus) }.cast::<u8>())
+            }
+            Mode::Locked => self.locked(cpu::current(), Slot::pop_exclusive).flatten(),
+        }
+    }
+
+    #[inline]
+    fn push_round(&self, round: NonNull<u8>) -> bool {
+        match self.mode {
+            Mode::Rseq => match rseq::thread_area() {
+                Some(area) => {
+                    let (base, stride, ncpus) = self.slots.raw_parts();
+                    // SAFETY: as in pop_round.
+                    unsafe { rseq::mag_push(area, base, stride, ncpus, round.as_ptr().cast()) }
+                }
+                None => false,
+            },
+            Mode::Locked => self.locked(cpu::current(), |slot| slot.push_exclusive(round)).unwrap_or(false),
+        }
+    }
+
+    /// The one-store transition of the current CPU's slot (rseq) or of slot `cpu` (locked)
+    /// from `expected` to `new`, installing `item` in the spare word; returns the old
+    /// previous magazine word, or `None` if the state was not `expected`.
+    fn exchange(&self, cpu: usize, expected: State, new: State, item: *mut Magazine) -> Option<*mut Magazine> {
+        match self.mode {
+            Mode::Rseq => {
+                let area = rseq::thread_area()?;
+                let (base, stride, ncpus) = self.slots.raw_parts();
+                let store_off = MAGS + 8 * expected.spare();
+                let load_off = MAGS + 8 * expected.prev();
+                // SAFETY: (1)-(3) as in pop_round; `new` describes the slot once `item`
+                // is in the spare word (State::swapped/installed keep every magazine's
+                // rounds and capacity, and `item` is the installed magazine or, for a
+                // swap, a null nobody reads). (4) both offsets are magazine words and the
+                // spare one is referenced by neither index of `expected`.
+                let evicted = unsafe {
+                    rseq::mag_exchange(area, base, stride, ncpus, expected.0, new.0, item.cast(), store_off, load_off)
+                };
+                evicted.map(|p| p.cast::<Magazine>())
+            }
+            Mode::Locked => self.locked(cpu, |slot| slot.exchange_exclusive(expected, new, item)).flatten(),
+        }
+    }
+
+    /// Runs `f` under slot `cpu`'s lock (locked mode), or `None` if it stays busy.
+    #[inline]
+    fn locked<R>(&self, cpu: usize, f: impl FnOnce(&Slot) -> R) -> Option<R> {
+        let slot = self.slots.get(cpu);
+        let backoff = Backoff::new();
+        for attempt in 0..LOCK_TRIES {
+            // Acquire: pairs with the Release unlocks below and in `unstop_all`, so this
+            // holder sees the slot and its magazines as the previous holder left them.
+            if slot.stop.compare_exchange(FREE, LOCKED, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                let result = f(slot);
+                // Release: publishes this holder's slot and magazine writes.
+                slot.stop.store(FREE, Ordering::Release);
+                return Some(result);
+            }
+            if attempt + 1 < LOCK_TRIES {
+                backoff.spin();
+            }
+        }
+        None
+    }
+
+    /// False when the rseq fast path cannot run on this thread at all.
+    #[inline]
+    fn usable_here(&self) -> bool {
+        self.mode == Mode::Locked || rseq::thread_area().is_some()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn alloc_slow(&self) -> Option<NonNull<u8>> {
+        if !self.usable_here() {
+            return None;
+        }
+        for _ in 0..SLOW_TRIES {
+            let cpu = cpu::current();
+            let slot = self.slots.get(cpu);
+            // Relaxed: a hint; the sections re-check the stop word.
+            if slot.stop.load(Ordering::Relaxed) == STOPPED {
+                return None;
+            }
+            let state = slot.snapshot();
+            if state.rounds() == 0 {
+                if state.prev_rounds() > 0 {
+                    // Previous is full: swap.
+                    let _ = self.exchange(cpu, state, state.swapped(), null_mut());
+                } else {
+                    // Previous is empty or absent: exchange it for a full one.
+                    let full = self.depot.pop_full()?;
+                    // SAFETY: popped: ours, live.
+                    let cap = unsafe { Magazine::cap(full) };
+                    match self.exchange(cpu, state, state.installed(cap, cap), full.as_ptr()) {
+                        Some(evicted) => {
+                            if state.prev_cap() > 0 {
+                                debug_assert_eq!(state.prev_rounds(), 0);
+                                if let Some(evicted) = NonNull::new(evicted) {
+                                    self.depot.push_empty(evicted);
+                                }
+                            }
+                        }
+                        None => {
+                            self.depot.count_retry();
+                            self.depot.push_full(full);
+                        }
+                    }
+                }
+            }
+            if let Some(round) = self.pop_round() {
+                return Some(round);
+            }
+        }
+        None
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn free_slow(&self, round: NonNull<u8>) -> Result<(), NonNull<u8>> {
+        if !self.usable_here() {
+            return Err(round);
+        }
+        for _ in 0..SLOW_TRIES {
+            let cpu = cpu::current();
+            let slot = self.slots.get(cpu);
+            // Relaxed: a hint; the sections re-check the stop word.
+            if slot.stop.load(Ordering::Relaxed) == STOPPED {
+                return Err(round);
+            }
+            let state = slot.snapshot();
+            if state.rounds() >= state.cap() {
+                if state.prev_cap() > 0 && state.prev_rounds() == 0 {
+                    // Previous is empty: swap.
+                    let _ = self.exchange(cpu, state, state.swapped(), null_mut());
+                } else {
+                    // Previous is full or absent: exchange it for an empty one.
+                    let empty = match self.depot.pop_empty() {
+                        Some(empty) => empty,
+                        None => match Magazine::create(self.magazine_size()) {
+                            Some(empty) => empty,
+                            None => return Err(round),
+                        },
+                    };
+                    // SAFETY: ours, live.
+                    let cap = unsafe { Magazine::cap(empty) };
+                    match self.exchange(cpu, state, state.installed(0, cap), empty.as_ptr()) {
+                        Some(evicted) => {
+                            if state.prev_cap() > 0 {
+                                debug_assert_eq!(state.prev_rounds(), state.prev_cap());
+                                if let Some(evicted) = NonNull::new(evicted) {
+                                    self.depot.push_full(evicted);
+                                }
+                            }
+                        }
+                        None => {
+                            self.depot.count_retry();
+                            self.depot.push_empty(empty);
+                        }
+                    }
+                }
+            }
+            if self.push_round(round) {
+                return Ok(());
+            }
+        }
+        Err(round)
+    }
+
+    /// Rounds per magazine for magazines made from now on.
+    ///
+    /// ```
+    /// let caches = scalemem::umem::cpu_cache::CpuCaches::new(Default::default()).unwrap();
+    /// assert_eq!(caches.magazine_size(), 15);
+    /// ```
+    pub fn magazine_size(&self) -> usize {
+        // Relaxed: a size hint; a stale one makes a magazine of the previous size, which
+        // works (each magazine records its capacity).
+        self.mag_rounds.load(Ordering::Relaxed)
+    }
+
+    /// Cheap counters (relaxed loads of per-CPU state words and depot counts).
+    ///
+    /// ```
+    /// let caches = scalemem::umem::cpu_cache::CpuCaches::new(Default::default()).unwrap();
+    /// let stats = caches.stats();
+    /// assert_eq!((stats.cpu_rounds, stats.depot_full, stats.depot_empty), (0, 0, 0));
+    /// ```
+    pub fn stats(&self) -> Stats {
+        let cpu_rounds = self
+            .slots
+            .iter()
+            .map(|slot| {
+                let state = slot.snapshot();
+                state.rounds() + state.prev_rounds()
+            })
+            .sum();
+        let (depot_full, depot_empty) = self.depot.lens();
+        Stats {
+            cpu_rounds,
+            depot_full,
+            depot_empty,
+            magazine_size: self.magazine_size(),
+            contention: self.depot.contention(),
+            // Relaxed: a statistic.
+            resizes: self.resizes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Empties every CPU's magazines and the depot: every round cached at the moment of
+    /// the call goes to `sink` (rounds cached concurrently by other threads may stay).
+    /// Magazines are retired. This is the reconfiguration write side: it stops every
+    /// CPU's fast path for its duration (module documentation).
+    ///
+    /// ```
+    /// use std::ptr::NonNull;
+    /// let caches = scalemem::umem::cpu_cache::CpuCaches::new(Default::default()).unwrap();
+    /// let mut object = 0u64;
+    /// let _ = caches.free(NonNull::from(&mut object).cast());
+    /// let mut drained = 0;
+    /// caches.drain(|_| drained += 1);
+    /// assert_eq!(drained, 1);
+    /// assert_eq!(caches.stats().cpu_rounds, 0);
+    /// ```
+    pub fn drain(&self, mut sink: impl FnMut(NonNull<u8>)) {
+        self.reconfigure(None, &mut sink);
+    }
+
+    /// Frees the depot magazines that sat idle for the whole last interval (between the
+    /// last two [`update`](Self::update)s): rounds to `sink`, magazines retired. Returns
+    /// the number of magazines freed. Does not stop the CPUs.
+    ///
+    /// ```
+    /// let caches = scalemem::umem::cpu_cache::CpuCaches::new(Default::default()).unwrap();
+    /// assert_eq!(caches.reap(|_| unreachable!()), 0);
+    /// ```
+    pub fn reap(&self, mut sink: impl FnMut(NonNull<u8>)) -> usize {
+        self.depot.reap(&mut sink)
+    }
+
+    /// Ends a working-set interval (call it periodically, libumem: every 10 s) and
+    /// resizes the magazines if the interval's depot contention or idleness calls for it
+    /// (module documentation). A resize drains everything into `sink`. Returns the
+    /// magazine size now in force.
+    ///
+    /// ```
+    /// let caches = scalemem::umem::cpu_cache::CpuCaches::new(Default::default()).unwrap();
+    /// assert_eq!(caches.update(|_| {}), 15); // no contention, nothing idle: unchanged
+    /// ```
+    pub fn update(&self, mut sink: impl FnMut(NonNull<u8>)) -> usize {
+        self.depot.update();
+        let contention = self.depot.contention();
+        // Relaxed: a statistic; concurrent updates at worst see one interval twice.
+        let delta = contention.wrapping_sub(self.last_contention.swap(contention, Ordering::Relaxed));
+        let size = self.magazine_size();
+        let (idle_full, idle_empty) = self.depot.reapable();
+        let target = if delta > self.config.grow_contention {
+            LADDER.iter().copied().find(|&r| r > size).unwrap_or(size).min(self.config.max_rounds)
+        } else if delta == 0 && idle_full + idle_empty >= self.config.shrink_idle {
+            LADDER.iter().rev().copied().find(|&r| r < size).unwrap_or(size).max(self.config.min_rounds)
+        } else {
+            size
+        };
+        if target != size {
+            self.reconfigure(Some(target), &mut sink);
+        }
+        self.magazine_size()
+    }
+
+    /// The reconfiguration write side: under the reconfiguration mutex, stops every
+    /// slot, drains it, optionally sets a new magazine size, restarts the slots, and
+    /// purges the depot.
+    fn reconfigure(&self, resize: Option<usize>, sink: &mut dyn FnMut(NonNull<u8>)) {
+        let backoff = Backoff::new();
+        // Acquire: pairs with the Release below; reconfigurations are serialised.
+        while self.reconfig.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            backoff.snooze();
+        }
+        let guard = epoch::pin();
+        if self.stop_all() {
+            for slot in self.slots.iter() {
+                slot.drain_exclusive(sink, &guard);
+            }
+            if let Some(rounds) = resize {
+                // Relaxed: see magazine_size.
+                self.mag_rounds.store(rounds, Ordering::Relaxed);
+                // Relaxed: a statistic.
+                self.resizes.fetch_add(1, Ordering::Relaxed);
+            }
+            self.unstop_all();
+        }
+        drop(guard);
+        self.depot.purge(sink);
+        // Release: pairs with the Acquire above.
+        self.reconfig.store(false, Ordering::Release);
+    }
+
+    /// Stops every slot. False (and nothing stopped) where the kernel refuses the rseq
+    /// membarrier, which it accepted when the layer was made: then nothing is drained.
+    fn stop_all(&self) -> bool {
+        match self.mode {
+            Mode::Rseq => {
+                for slot in self.slots.iter() {
+                    // SeqCst: ordered before the heavy_rseq fence; in rseq mode no other
+                    // thread writes the stop word (reconfigurers are serialised).
+                    slot.stop.store(STOPPED, Ordering::SeqCst);
+                }
+                if fence::heavy_rseq() {
+                    return true;
+                }
+                self.unstop_all();
+                false
+            }
+            Mode::Locked => {
+                for slot in self.slots.iter() {
+                    let backoff = Backoff::new();
+                    // Acquire: pairs with the fast paths' Release unlocks.
+                    while slot.stop.compare_exchange_weak(FREE, STOPPED, Ordering::Acquire, Ordering::Relaxed).is_err()
+                    {
+                        backoff.snooze();
+                    }
+                }
+                true
+            }
+        }
+    }
+
+    fn unstop_all(&self) {
+        for slot in self.slots.iter() {
+            // Release: a fast path that reads FREE (rseq: the section's load, an x86
+            // load with acquire semantics; locked: the Acquire CAS) sees the drained
+            // slot.
+            slot.stop.store(FREE, Ordering::Release);
+        }
+    }
+
+    /// Panics if some CPU's state is malformed (indices, counts above capacities), a
+    /// present magazine is missing or of another capacity, or a depot list's length
+    /// differs from its count. Quiescent use only (tests).
+    ///
+    /// ```
+    /// scalemem::umem::cpu_cache::CpuCaches::new(Default::default()).unwrap().assert_valid();
+    /// ```
+    pub fn assert_valid(&self) {
+        for slot in self.slots.iter() {
+            let state = slot.snapshot();
+            assert!(state.loaded() < 3 && state.prev() < 3 && state.loaded() != state.prev());
+            assert!(state.rounds() <= state.cap() && state.prev_rounds() <= state.prev_cap());
+            assert!(state.prev_rounds() == 0 || state.prev_rounds() == state.prev_cap(), "partial previous");
+            for (index, cap) in [(state.loaded(), state.cap()), (state.prev(), state.prev_cap())] {
+                if cap > 0 {
+                    let mag = slot.mag(index).expect("present magazine is null");
+                    // SAFETY: quiescent; a present magazine is live.
+                    assert_eq!(unsafe { Magazine::cap(mag) }, cap);
+                }
+            }
+        }
+        self.depot.assert_valid();
+    }
+}
+
+impl Drop for CpuCaches {
+    /// Frees every magazine. Rounds still cached are forgotten (not freed): drain first.
+    fn drop(&mut self) {
+        self.drain(|_| {});
+    }
+}
+
+impl core::fmt::Debug for CpuCaches {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("CpuCaches").field("rseq", &self.uses_rseq()).field("stats", &self.stats()).finish()
+    }
+}

@@ -1,0 +1,340 @@
+//! Magazines: fixed-capacity arrays of rounds (constructed objects), and the
+//! `os::map`-backed pool their memory comes from.
+//!
+//! A magazine is a header followed by `cap` round words:
+//!
+//! ```text
+//! #[repr(C)] Magazine { link: Retired (32 bytes), next: AtomicUsize, cap: usize, pad: [usize; 2],
+//!                       rounds: [*mut u8; cap] }    // rounds at byte 64 = rseq::mag_layout::ROUNDS
+//! ```
+//!
+//! - `link` comes first, so a `*mut Retired` from [`Guard::retire`] is a `*mut Magazine`:
+//!   the reaper retires magazines without allocating.
+//! - `next` links the magazine into a depot stack (written by the pusher before its
+//!   Release CAS, read by poppers; an atomic because a stale popper may read it while a
+//!   new owner rewrites it).
+//! - `cap` is set when the magazine is made and never changes: magazines of several sizes
+//!   may coexist for a while after a resize.
+//! - How many of the rounds are valid is not stored in the magazine: in a CPU slot the
+//!   slot's state word says it; in the depot, the list says it (full: `cap`, empty: 0).
+//!
+//! # The pool
+//!
+//! Magazine memory never comes from the global allocator. Outside loom a process-wide
+//! pool carves blocks of 256, 512, ... 4096 bytes (each 256-byte aligned) out of 64 KiB
+//! chunks from [`os::map`](crate::os), and keeps freed blocks on one free list per block
+//! size, under a spin lock held for a few instructions. Chunks are never returned to the
+//! kernel: magazine memory is a small, bounded fraction of what it caches. Under loom
+//! each magazine is its own mapping (loom's `os::map` is the global allocator).
+//!
+//! Invariants: a block is on at most one free list; a block handed out is 256-byte
+//! aligned and below 2^48 (the depot packs a version tag into the other bits of its
+//! head word, `depot.rs`); a magazine is returned to the pool only through
+//! [`retire`] after an epoch grace period, or directly by a holder that can prove no
+//! other thread can reach it.
+
+use core::ptr::NonNull;
+
+use crate::cpu::rseq::mag_layout;
+use crate::epoch::{Guard, Retired};
+use crate::sync::atomic::{AtomicUsize, Ordering};
+
+/// Alignment of magazine blocks: the depot keeps 8 bits of its version tag below it.
+pub(crate) const MAG_ALIGN: usize = 256;
+
+/// A magazine header; the rounds follow at byte [`mag_layout::ROUNDS`].
+#[repr(C)]
+pub(crate) struct Magazine {
+    /// Intrusive retirement link (first field: a `*mut Retired` is a `*mut Magazine`).
+    link: Retired,
+    /// Depot stack link (a `*mut Magazine` as an address).
+    pub(crate) next: AtomicUsize,
+    /// Number of round words after the header; fixed.
+    cap: usize,
+}
+
+/// Bytes of a magazine with `cap` rounds.
+const fn magazine_bytes(cap: usize) -> usize {
+    mag_layout::ROUNDS + cap * size_of::<*mut u8>()
+}
+
+#[cfg(not(scalemem_loom))]
+const _: () = assert!(size_of::<Magazine>() <= mag_layout::ROUNDS && size_of::<Retired>() == 32);
+
+impl Magazine {
+    /// Makes an empty magazine of `cap` rounds (`1..=MAX_CAP`); `None` if the pool
+    /// cannot get memory from the kernel.
+    pub(crate) fn create(cap: usize) -> Option<NonNull<Magazine>> {
+        debug_assert!((1..=mag_layout::MAX_CAP).contains(&cap));
+        let block = pool::alloc(magazine_bytes(cap))?;
+        let mag = block.cast::<Magazine>();
+        // SAFETY: the block is fresh, 256-byte aligned and large enough for the header
+        // and `cap` rounds; nobody else refers to it.
+        unsafe { mag.as_ptr().write(Magazine { link: Retired::new(), next: AtomicUsize::new(0), cap }) };
+        Some(mag)
+    }
+
+    /// The magazine's capacity.
+    ///
+    /// # Safety
+    /// `mag` is a live magazine (made by [`create`](Self::create), not yet freed).
+    #[inline]
+    pub(crate) unsafe fn cap(mag: NonNull<Magazine>) -> usize {
+        // SAFETY: live (contract); `cap` is written once, before the magazine is shared.
+        unsafe { (*mag.as_ptr()).cap }
+    }
+
+    /// The address of round word `i`.
+    ///
+    /// # Safety
+    /// `mag` is live and `i < cap`.
+    #[inline]
+    pub(crate) unsafe fn round(mag: NonNull<Magazine>, i: usize) -> *mut *mut u8 {
+        // SAFETY: the round words lie right after the header, inside the block (i < cap).
+        unsafe { mag.as_ptr().cast::<u8>().add(mag_layout::ROUNDS).cast::<*mut u8>().add(i) }
+    }
+
+    /// Hands rounds `0..n` to `sink`, top first.
+    ///
+    /// # Safety
+    /// The caller owns `mag` exclusively, and its first `n <= cap` round words hold rounds.
+    pub(crate) unsafe fn empty_into(mag: NonNull<Magazine>, n: usize, sink: &mut dyn FnMut(NonNull<u8>)) {
+        for i in (0..n).rev() {
+            // SAFETY: exclusive owner, i < n <= cap (contract).
+            let round = unsafe { *Self::round(mag, i) };
+            match NonNull::new(round) {
+                Some(round) => sink(round),
+                None => debug_assert!(false, "magazine: null round"),
+            }
+        }
+    }
+
+    /// Returns the magazine's memory to the pool at once.
+    ///
+    /// # Safety
+    /// No other thread can reach `mag` any more, now or later (it is in no depot list,
+    /// no CPU slot, and no popper may still read its `next`).
+    pub(crate) unsafe fn destroy(mag: NonNull<Magazine>) {
+        // SAFETY: live (contract).
+        let bytes = magazine_bytes(unsafe { Self::cap(mag) });
+        // SAFETY: the header holds no resource needing a drop except (under loom) a model
+        // atomic, which loom does not require us to drop; the block came from pool::alloc
+        // with this size and is unreachable (contract).
+        unsafe { pool::free(mag.cast(), bytes) };
+    }
+
+    /// Returns the magazine's memory to the pool once no pinned thread can hold it.
+    ///
+    /// # Safety
+    /// `mag` is unreachable for any thread that pins from now on (popped from the depot
+    /// or taken from a stopped CPU slot), and retired once.
+    pub(crate) unsafe fn retire(mag: NonNull<Magazine>, guard: &Guard) {
+        // SAFETY: `link` is the first field, so the cast is the link's address; the
+        // magazine stays valid until `reclaim` runs and nobody else touches the link
+        // (contract); `reclaim` frees exactly a magazine from its link.
+        unsafe { guard.retire(mag.cast::<Retired>(), reclaim) };
+    }
+}
+
+/// The reclaim function of retired magazines.
+///
+/// # Safety
+/// `link` is the link of a magazine retired by [`Magazine::retire`], whose grace period
+/// has passed.
+unsafe fn reclaim(link: NonNull<Retired>) {
+    // SAFETY: the link is the magazine's first field, and nobody can reach it any more.
+    unsafe { Magazine::destroy(link.cast::<Magazine>()) };
+}
+
+#[cfg(not(scalemem_loom))]
+mod pool {
+    use core::ptr::{self, NonNull};
+
+    use super::{MAG_ALIGN, asan};
+    use crate::sync::UnsafeCell;
+    use crate::sync::atomic::{AtomicBool, Ordering};
+    use crate::util::Backoff;
+
+    /// Block sizes 256 << class for class in 0..CLASSES (256 B to 4 KiB).
+    const CLASSES: usize = 5;
+    /// Bytes mapped at a time.
+    const CHUNK: usize = 64 * 1024;
+
+    struct Pool {
+        /// Spin lock over `free` and `bump`; held for a few instructions, never across a
+        /// call that could block or allocate (the mmap of a new chunk happens outside).
+        lock: AtomicBool,
+        /// Free list heads per class; a free block's first word links to the next.
+        free: [UnsafeCell<*mut u8>; CLASSES],
+        /// The current chunk's unused range.
+        bump: UnsafeCell<(usize, usize)>,
+    }
+
+    // SAFETY: `free` and `bump` are accessed only under `lock` (Acquire on taking it,
+    // Release on dropping it); the blocks they point to are owned by the pool until
+    // handed out.
+    unsafe impl Sync for Pool {}
+
+    static POOL: Pool = Pool {
+        lock: AtomicBool::new(false),
+        free: [const { UnsafeCell::new(ptr::null_mut()) }; CLASSES],
+        bump: UnsafeCell::new((0, 0)),
+    };
+
+    fn class_of(bytes: usize) -> Option<usize> {
+        (0..CLASSES).find(|&c| bytes <= MAG_ALIGN << c)
+    }
+
+    fn with_lock<R>(f: impl FnOnce() -> R) -> R {
+        let backoff = Backoff::new();
+        // Acquire: pairs with the Release store below, so this holder sees the previous
+        // holder's list and bump updates.
+        while POOL.lock.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            backoff.snooze();
+        }
+        let result = f();
+        // Release: publishes this holder's updates to the next.
+        POOL.lock.store(false, Ordering::Release);
+        result
+    }
+
+    pub(super) fn alloc(bytes: usize) -> Option<NonNull<u8>> {
+        let class = class_of(bytes)?;
+        let size = MAG_ALIGN << class;
+        loop {
+            let got = with_lock(|| {
+                let head = POOL.free[class].with_mut(|h| {
+                    // SAFETY: under the lock; free blocks are pool-owned and their first
+                    // word is the list link.
+                    unsafe {
+                        let block = *h;
+                        if !block.is_null() {
+                            *h = *block.cast::<*mut u8>();
+                        }
+                        block
+                    }
+                });
+                if !head.is_null() {
+                    return Some(head);
+                }
+                POOL.bump.with_mut(|b| {
+                    // SAFETY: under the lock.
+                    let (start, end) = unsafe { *b };
+                    let aligned = (start + size - 1) & !(size - 1);
+                    if start != 0 && aligned + size <= end {
+                        // SAFETY: under the lock.
+                        unsafe { *b = (aligned + size, end) };
+                        Some(ptr::with_exposed_provenance_mut::<u8>(aligned))
+                    } else {
+                        None
+                    }
+                })
+            });
+            if let Some(block) = got {
+                let block = NonNull::new(block)?;
+                asan::unpoison(block, size);
+                return Some(block);
+            }
+            // Map a chunk outside the lock; a racing thread may map one too, and the
+            // loser's chunk simply replaces the winner's remaining range (that tail, at
+            // most one chunk per race, is never used: a bounded waste).
+            let chunk = crate::os::map(CHUNK).ok()?;
+            let base = chunk.as_ptr().expose_provenance();
+            if base + CHUNK > 1 << 48 {
+                return None;
+            }
+            with_lock(|| {
+                // SAFETY: under the lock.
+                POOL.bump.with_mut(|b| unsafe { *b = (base, base + CHUNK) });
+            });
+        }
+    }
+
+    /// # Safety
+    /// `block` came from `alloc(bytes)` and nobody refers to it any more.
+    pub(super) unsafe fn free(block: NonNull<u8>, bytes: usize) {
+        let Some(class) = class_of(bytes) else { return };
+        // A freed block is poisoned (except its link word) under AddressSanitizer, so a
+        // thread that touches a magazine after its grace period is reported.
+        asan::poison_after_link(block, MAG_ALIGN << class);
+        with_lock(|| {
+            POOL.free[class].with_mut(|h| {
+                // SAFETY: under the lock; the block is ours again (contract) and at least
+                // one word long.
+                unsafe {
+                    block.as_ptr().cast::<*mut u8>().write(*h);
+                    *h = block.as_ptr();
+                }
+            });
+        });
+    }
+}
+
+/// AddressSanitizer hooks for the pool (no-ops unless built with `--cfg scalemem_asan`).
+#[cfg(not(scalemem_loom))]
+mod asan {
+    use core::ptr::NonNull;
+
+    #[cfg(scalemem_asan)]
+    unsafe extern "C" {
+        fn __asan_poison_memory_region(addr: *const core::ffi::c_void, size: usize);
+        fn __asan_unpoison_memory_region(addr: *const core::ffi::c_void, size: usize);
+    }
+
+    /// Marks a freed block unreachable, except its first word (the free-list link).
+    #[inline]
+    pub(super) fn poison_after_link(_block: NonNull<u8>, _size: usize) {
+        #[cfg(scalemem_asan)]
+        // SAFETY: the sanitizer runtime is linked (the cfg is set only with it); the
+        // range lies inside a live mapping of the pool.
+        unsafe {
+            __asan_poison_memory_region(_block.as_ptr().add(8).cast(), _size - 8)
+        };
+    }
+
+    /// Makes a block handed out accessible again.
+    #[inline]
+    pub(super) fn unpoison(_block: NonNull<u8>, _size: usize) {
+        #[cfg(scalemem_asan)]
+        // SAFETY: as in poison_after_link.
+        unsafe {
+            __asan_unpoison_memory_region(_block.as_ptr().cast(), _size)
+        };
+    }
+}
+
+#[cfg(scalemem_loom)]
+mod pool {
+    use core::ptr::NonNull;
+
+    pub(super) fn alloc(bytes: usize) -> Option<NonNull<u8>> {
+        crate::os::map(bytes).ok()
+    }
+
+    /// # Safety
+    /// `block` came from `alloc(bytes)` and nobody refers to it any more.
+    pub(super) unsafe fn free(block: NonNull<u8>, bytes: usize) {
+        // SAFETY: mapped by alloc with this length; unreachable (contract).
+        unsafe { crate::os::unmap(block, bytes) };
+    }
+}
+
+/// Loads a magazine's `next` link.
+#[inline]
+pub(crate) fn next_of(mag: NonNull<Magazine>) -> usize {
+    // SAFETY: callers pass a magazine they own or are pinned for (depot pop), so it has
+    // not been returned to the pool.
+    let mag = unsafe { mag.as_ref() };
+    // Relaxed: the depot's Acquire load of the head (which pairs with the pusher's
+    // Release CAS) orders this load after the pusher's store of the link.
+    mag.next.load(Ordering::Relaxed)
+}
+
+/// Stores a magazine's `next` link.
+#[inline]
+pub(crate) fn set_next(mag: NonNull<Magazine>, next: usize) {
+    // SAFETY: the caller owns the magazine (it is in no list).
+    let mag = unsafe { mag.as_ref() };
+    // Relaxed: published by the depot push's Release CAS.
+    mag.next.store(next, Ordering::Relaxed);
+}

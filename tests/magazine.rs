@@ -1,0 +1,466 @@
+//! The umem magazine layer (`CpuCaches`): the full/empty/swap/exchange/miss paths with
+//! magazines of 2 rounds, conservation of rounds under 16 threads with migrations and
+//! signals (and a reconfiguring side thread), both modes (rseq and locked), growth of the
+//! magazine size under contention and shrinking when idle, working-set reaping, and no
+//! global allocation on the alloc/free paths after warm-up.
+
+#![cfg(not(scalemem_loom))]
+
+mod common;
+
+use std::ptr::NonNull;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::chaos::{self, rseq_expected};
+use common::counting_alloc::{Counting, allocations_in};
+use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
+use scalemem::cpu;
+use scalemem::umem::{Config, CpuCaches};
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Magazines of 2 rounds that never resize on their own.
+const TINY: Config = Config { initial_rounds: 2, min_rounds: 2, max_rounds: 2, grow_contention: 2, shrink_idle: 8 };
+
+/// A fake, never dereferenced, non-null object address naming (thread, index).
+fn token(thread: usize, index: usize) -> NonNull<u8> {
+    from_addr(((thread + 1) << 32) | (index << 4))
+}
+
+fn from_addr(addr: usize) -> NonNull<u8> {
+    NonNull::new(std::ptr::without_provenance_mut::<u8>(addr)).unwrap()
+}
+
+fn untoken(item: NonNull<u8>) -> (usize, usize) {
+    let addr = item.as_ptr().addr();
+    ((addr >> 32).wrapping_sub(1), (addr & 0xffff_ffff) >> 4)
+}
+
+/// Runs `f` pinned to the CPU the thread is on, so that "the current CPU's magazines"
+/// stay the same ones.
+fn pinned<R>(f: impl FnOnce() -> R) -> R {
+    let original = sched_getaffinity(None).unwrap();
+    let mut one = CpuSet::new();
+    one.set(cpu::current());
+    sched_setaffinity(None, &one).unwrap();
+    let result = f();
+    sched_setaffinity(None, &original).unwrap();
+    result
+}
+
+fn both_modes(config: Config) -> [CpuCaches; 2] {
+    let default = CpuCaches::new(config).unwrap();
+    assert_eq!(default.uses_rseq(), rseq_expected(), "mode chosen at run time");
+    [default, CpuCaches::new_locked(config).unwrap()]
+}
+
+#[test]
+fn paths_full_empty_swap_exchange_and_miss() {
+    for caches in both_modes(TINY) {
+        pinned(|| {
+            let t = |i| token(0, i);
+            // Nothing cached: a miss.
+            assert_eq!(caches.alloc(), None);
+            // Free 1: no magazine at all -> an empty one is made and loaded.
+            // Free 2: pushed; the loaded magazine is full.
+            // Free 3: loaded full, no previous -> exchange: a new empty one is loaded, the
+            //         full one becomes previous.
+            // Free 4: pushed. Free 5: loaded and previous full -> exchange: the previous
+            //         (full) goes to the depot.
+            for i in 1..=5 {
+                assert_eq!(caches.free(t(i)), Ok(()), "free {i}");
+            }
+            let stats = caches.stats();
+            assert_eq!((stats.cpu_rounds, stats.depot_full, stats.depot_empty), (3, 1, 0), "{stats:?}");
+            caches.assert_valid();
+            // Alloc 5 (pop); 4, 3 after a swap with the full previous; 2, 1 after an
+            // exchange of the empty previous for the depot's full magazine.
+            for i in (1..=5).rev() {
+                assert_eq!(caches.alloc(), Some(t(i)), "alloc {i}");
+            }
+            let stats = caches.stats();
+            assert_eq!((stats.cpu_rounds, stats.depot_full, stats.depot_empty), (0, 0, 1), "{stats:?}");
+            // Both magazines empty, no full one in the depot: a miss.
+            assert_eq!(caches.alloc(), None);
+            // Free path swap: fill loaded (2), then loaded full and previous empty -> swap.
+            for i in 10..13 {
+                assert_eq!(caches.free(t(i)), Ok(()));
+            }
+            let stats = caches.stats();
+            assert_eq!((stats.cpu_rounds, stats.depot_full, stats.depot_empty), (3, 0, 1), "{stats:?}");
+            // Free-side exchange takes the depot's empty magazine instead of making one.
+            assert_eq!(caches.free(t(13)), Ok(()));
+            assert_eq!(caches.free(t(14)), Ok(()));
+            let stats = caches.stats();
+            assert_eq!((stats.cpu_rounds, stats.depot_full, stats.depot_empty), (3, 1, 0), "{stats:?}");
+            caches.assert_valid();
+            let mut drained = Vec::new();
+            caches.drain(|p| drained.push(untoken(p).1));
+            drained.sort_unstable();
+            assert_eq!(drained, [10, 11, 12, 13, 14]);
+            assert_eq!(caches.stats().cpu_rounds, 0);
+            assert_eq!(caches.alloc(), None);
+        });
+    }
+}
+
+#[test]
+fn drain_then_reuse() {
+    for caches in both_modes(TINY) {
+        for round in 0..3 {
+            for i in 0..7 {
+                let _ = caches.free(token(round, i));
+            }
+            let mut n = 0;
+            caches.drain(|_| n += 1);
+            assert_eq!(n, 7);
+            let stats = caches.stats();
+            assert_eq!((stats.cpu_rounds, stats.depot_full, stats.depot_empty), (0, 0, 0));
+        }
+    }
+}
+
+#[test]
+fn reap_returns_what_sat_idle_for_an_interval() {
+    for caches in both_modes(TINY) {
+        pinned(|| {
+            for i in 0..12 {
+                caches.free(token(0, i)).unwrap();
+            }
+            let before = caches.stats();
+            assert_eq!(before.cpu_rounds, 4);
+            assert_eq!(before.depot_full, 4);
+            // The first update only starts the interval: nothing has been idle for one.
+            caches.update(|_| panic!("no resize"));
+            assert_eq!(caches.reap(|_| panic!("nothing reapable yet")), 0);
+            // Activity that dips into the depot: one full magazine is in use.
+            for _ in 0..5 {
+                caches.alloc().unwrap();
+            }
+            assert_eq!(caches.stats().depot_full, 3);
+            caches.update(|_| panic!("no resize"));
+            // The 3 full magazines still in the depot were not needed during the whole
+            // interval (its working set was 1 magazine): they are reaped.
+            let mut reaped = Vec::new();
+            let freed = caches.reap(|p| reaped.push(p));
+            assert_eq!(freed, 3);
+            assert_eq!(reaped.len(), 6);
+            let after = caches.stats();
+            assert_eq!(after.depot_full, 0);
+            assert_eq!(after.cpu_rounds, 1);
+            // Everything is accounted for: 12 freed, 5 allocated, 6 reaped, 1 left on CPU
+            // plus whatever drain finds.
+            let mut rest = 0;
+            caches.drain(|_| rest += 1);
+            assert_eq!(5 + reaped.len() + rest, 12);
+        });
+    }
+}
+
+#[test]
+fn grows_under_contention_and_shrinks_when_idle() {
+    let config = Config { initial_rounds: 1, min_rounds: 1, max_rounds: 143, grow_contention: 2, shrink_idle: 2 };
+    for caches in both_modes(config) {
+        let mut sunk = Vec::new();
+        // Forced contention: 16 threads on 2 CPUs, magazines of 1 round, so nearly every
+        // operation goes to the depot.
+        let mut grown = 1;
+        for _attempt in 0..10 {
+            let before = caches.stats().contention;
+            let returned = Mutex::new(Vec::new());
+            std::thread::scope(|s| {
+                for t in 0..16 {
+                    let (caches, returned) = (&caches, &returned);
+                    s.spawn(move || {
+                        let mut hand = Vec::new();
+                        let mut slab = Vec::new();
+                        let deadline = Instant::now() + Duration::from_millis(150);
+                        let mut i = 0;
+                        while Instant::now() < deadline {
+                            // Bursts of 8 allocations then 8 frees: far more than a CPU's
+                            // two 1-round magazines hold, so most operations reach the depot.
+                            for _ in 0..8 {
+                                match caches.alloc() {
+                                    Some(p) => hand.push(p.as_ptr().addr()),
+                                    None => match slab.pop() {
+                                        Some(p) => hand.push(p),
+                                        None => {
+                                            i += 1;
+                                            hand.push(token(t, i).as_ptr().addr());
+                                        }
+                                    },
+                                }
+                            }
+                            while let Some(p) = hand.pop() {
+                                if let Err(p) = caches.free(from_addr(p)) {
+                                    slab.push(p.as_ptr().addr());
+                                }
+                            }
+                        }
+                        returned.lock().unwrap().extend(hand.into_iter().chain(slab));
+                    });
+                }
+            });
+            sunk.extend(returned.into_inner().unwrap());
+            let during = caches.stats().contention - before;
+            grown = caches.update(|p| sunk.push(p.as_ptr().addr()));
+            eprintln!("contention in the interval: {during}, size now {grown}");
+            if grown > 1 {
+                break;
+            }
+        }
+        assert!(grown > 1, "16 threads on 1-round magazines never contended enough to grow");
+        assert_eq!(caches.stats().resizes, 1);
+        assert_eq!(caches.stats().cpu_rounds, 0, "a resize drains the CPUs");
+        // Idle: one thread fills the depot with full magazines, then nothing happens for
+        // two intervals.
+        pinned(|| {
+            for i in 0..40 {
+                if caches.free(token(99, i)).is_err() {
+                    sunk.push(token(99, i).as_ptr().addr());
+                }
+            }
+        });
+        assert!(caches.stats().depot_full >= 2);
+        assert_eq!(caches.update(|p| sunk.push(p.as_ptr().addr())), grown, "first idle interval");
+        let shrunk = caches.update(|p| sunk.push(p.as_ptr().addr()));
+        assert!(shrunk < grown, "idle magazines did not shrink the size ({shrunk} vs {grown})");
+        assert_eq!(caches.stats().resizes, 2);
+        caches.drain(|p| sunk.push(p.as_ptr().addr()));
+        sunk.sort_unstable();
+        let n = sunk.len();
+        sunk.dedup();
+        assert_eq!(sunk.len(), n, "a round came out twice");
+    }
+}
+
+/// Per-worker operation cap.
+fn ops_per_thread() -> usize {
+    if cfg!(debug_assertions) { 200_000 } else { 2_000_000 }
+}
+
+const CHAOS: chaos::Config = chaos::Config {
+    threads: 16,
+    migrate_every: 1_000,
+    time_limit: Duration::from_millis(if cfg!(debug_assertions) { 1_500 } else { 2_500 }),
+    signal_interval: Duration::from_micros(50),
+};
+
+/// 16 workers allocate and free tokens (a miss creates a token, a refused free puts it
+/// in the worker's "slab") while migrating and being signalled; a side thread keeps
+/// draining, reaping and updating. At the end every token ever created is in exactly one
+/// place: a hand, a slab, the side thread's sink or the final drain.
+fn conserves_rounds(caches: CpuCaches) {
+    let sunk = Mutex::new(Vec::<usize>::new());
+    let started = Instant::now();
+    let (results, chaos) = CHAOS.stress_with_side(
+        |t, migrator, deadline| {
+            let mut hand: Vec<usize> = Vec::new();
+            let mut slab: Vec<usize> = Vec::new();
+            let mut created = 0usize;
+            let (mut hits, mut kept) = (0usize, 0usize);
+            let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (t as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
+            for op in 0..ops_per_thread() {
+                if op % 1024 == 0 && Instant::now() >= deadline {
+                    break;
+                }
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                // Bias towards keeping a few objects in hand so frees have work to do.
+                if rng % 2 == 0 || hand.len() < 3 {
+                    match caches.alloc() {
+                        Some(p) => {
+                            hits += 1;
+                            hand.push(p.as_ptr().addr());
+                        }
+                        None => match slab.pop() {
+                            Some(p) => hand.push(p),
+                            None => {
+                                hand.push(token(t, created).as_ptr().addr());
+                                created += 1;
+                            }
+                        },
+                    }
+                } else if let Some(p) = hand.pop() {
+                    match caches.free(from_addr(p)) {
+                        Ok(()) => kept += 1,
+                        Err(back) => {
+                            assert_eq!(back.as_ptr().addr(), p);
+                            slab.push(p);
+                        }
+                    }
+                }
+                migrator.tick(op);
+            }
+            (hand, slab, created, hits, kept)
+        },
+        |deadline| {
+            let mut step = 0;
+            while Instant::now() < deadline {
+                let mut local = Vec::new();
+                match step % 3 {
+                    0 => caches.drain(|p| local.push(p.as_ptr().addr())),
+                    1 => {
+                        let _ = caches.reap(|p| local.push(p.as_ptr().addr()));
+                    }
+                    _ => {
+                        let _ = caches.update(|p| local.push(p.as_ptr().addr()));
+                    }
+                }
+                sunk.lock().unwrap().extend(local);
+                step += 1;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        },
+    );
+    caches.assert_valid();
+    let mut drained = Vec::new();
+    caches.drain(|p| drained.push(p));
+    let stats = caches.stats();
+    assert_eq!((stats.cpu_rounds, stats.depot_full, stats.depot_empty), (0, 0, 0), "{stats:?}");
+
+    let mut seen: Vec<Vec<u8>> = results.iter().map(|r| vec![0u8; r.2]).collect();
+    let sunk = sunk.into_inner().unwrap();
+    let everywhere = results
+        .iter()
+        .flat_map(|(hand, slab, ..)| hand.iter().chain(slab.iter()).copied())
+        .chain(sunk.iter().copied())
+        .chain(drained.iter().map(|p| p.as_ptr().addr()));
+    for addr in everywhere {
+        let (thread, index) = untoken(from_addr(addr));
+        assert!(thread < CHAOS.threads && index < seen[thread].len(), "garbage round {addr:#x}");
+        seen[thread][index] += 1;
+    }
+    for (thread, counts) in seen.iter().enumerate() {
+        for (index, &count) in counts.iter().enumerate() {
+            assert_eq!(count, 1, "token ({thread}, {index}) seen {count} times");
+        }
+    }
+    let hits: usize = results.iter().map(|r| r.3).sum();
+    let kept: usize = results.iter().map(|r| r.4).sum();
+    eprintln!(
+        "magazines (rseq: {}): {hits} hits, {kept} frees kept, {} drained at the end, {} sunk by the side thread, \
+         {:?}, {} signals, {} migrations, stats {stats:?}",
+        caches.uses_rseq(),
+        drained.len(),
+        sunk.len(),
+        started.elapsed(),
+        chaos.signals,
+        chaos.migrations
+    );
+    assert!(hits > 0 && kept > 0);
+    assert!(chaos.signals > 0);
+}
+
+#[test]
+fn conservation_rseq_mode() {
+    let caches = CpuCaches::new(TINY).unwrap();
+    assert_eq!(caches.uses_rseq(), rseq_expected());
+    conserves_rounds(caches);
+}
+
+#[test]
+fn conservation_locked_mode() {
+    conserves_rounds(CpuCaches::new_locked(TINY).unwrap());
+}
+
+#[test]
+fn conservation_with_resizing() {
+    // Sizes move between 1 and 7 as the side thread's updates see contention or idleness.
+    let config = Config { initial_rounds: 1, min_rounds: 1, max_rounds: 7, grow_contention: 2, shrink_idle: 1 };
+    conserves_rounds(CpuCaches::new(config).unwrap());
+}
+
+#[test]
+fn no_global_allocation_after_warm_up() {
+    for caches in both_modes(TINY) {
+        let tokens: Vec<NonNull<u8>> = (0..64).map(|i| token(0, i)).collect();
+        let mut held: Vec<NonNull<u8>> = Vec::with_capacity(64);
+        let cycle = |held: &mut Vec<NonNull<u8>>| {
+            // Frees go through push, swap, depot exchange and new magazines; allocs
+            // through pop, swap and depot exchange.
+            for &t in &tokens {
+                let _ = caches.free(t);
+            }
+            while let Some(p) = caches.alloc() {
+                held.push(p);
+            }
+            held.clear();
+        };
+        cycle(&mut held); // warm-up: magazines made, epoch registration
+        let n = allocations_in(|| {
+            for _ in 0..200 {
+                cycle(&mut held);
+            }
+        });
+        assert_eq!(n, 0, "alloc/free made global allocations (rseq: {})", caches.uses_rseq());
+        let reconfig = allocations_in(|| {
+            caches.drain(|_| {});
+            let _ = caches.update(|_| {});
+            let _ = caches.reap(|_| {});
+        });
+        assert_eq!(reconfig, 0, "drain/update/reap made global allocations");
+    }
+}
+
+/// Runs one test of this binary in a child process with `env` set.
+fn run_child(test: &str, env: &[(&str, &str)]) {
+    let exe = std::env::current_exe().expect("the test binary");
+    let mut command = std::process::Command::new(exe);
+    command.args(["--exact", test, "--test-threads", "1", "--nocapture"]);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().expect("spawn the child test process");
+    assert!(
+        output.status.success(),
+        "child `{test}` with {env:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("1 passed"), "the child ran no test");
+}
+
+/// Sets the address-space limit (RLIMIT_AS) to `bytes`.
+fn limit_address_space(bytes: libc::rlim_t) {
+    let limit = libc::rlimit { rlim_cur: bytes, rlim_max: libc::RLIM_INFINITY };
+    // SAFETY: a valid rlimit for this process.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) }, 0);
+}
+
+/// A refused mmap (no memory for a magazine) is a miss, never a crash, and leaves the
+/// layer consistent. The address-space limit is process-wide, so the case runs in a
+/// child process (this test, re-executed with `MAGAZINE_CHILD=enomem`) in which no
+/// magazine has been made yet.
+#[test]
+fn refused_mmap_is_a_miss() {
+    if std::env::var("MAGAZINE_CHILD").as_deref() != Ok("enomem") {
+        return run_child("refused_mmap_is_a_miss", &[("MAGAZINE_CHILD", "enomem")]);
+    }
+    let layers = both_modes(TINY);
+    drop(scalemem::epoch::pin()); // registers this thread with the epoch first
+    let mut drained = Vec::with_capacity(16);
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: libc::rlim_t = statm.split_whitespace().next().unwrap().parse().unwrap();
+    let page = rustix::param::page_size() as libc::rlim_t;
+    // From here on no new mapping fits: the magazine pool cannot map its first chunk.
+    limit_address_space(pages * page);
+    let mut refused = [false; 2];
+    for (i, caches) in layers.iter().enumerate() {
+        refused[i] = caches.free(token(0, i)) == Err(token(0, i)) && caches.alloc().is_none();
+    }
+    limit_address_space(libc::RLIM_INFINITY);
+    assert_eq!(refused, [true, true], "a free without magazine memory must hand the round back");
+    for caches in &layers {
+        caches.assert_valid();
+        let stats = caches.stats();
+        assert_eq!((stats.cpu_rounds, stats.depot_full, stats.depot_empty), (0, 0, 0));
+        // Memory again: the layer works.
+        caches.free(token(1, 0)).unwrap();
+        caches.drain(|p| drained.push(p));
+    }
+    assert_eq!(drained, [token(1, 0), token(1, 0)]);
+}
