@@ -42,6 +42,13 @@ pub(crate) mod cfg {
     /// partial bag) once per this many outermost pins. Off under loom, where models
     /// drive the same code through `flush` and every extra atomic multiplies the states.
     pub(crate) const PINS_BETWEEN_CHECKS: usize = if cfg!(scalemem_loom) { usize::MAX } else { 128 };
+    /// The pin count a newly claimed record starts from: one short of a check, so that
+    /// the first pin of every thread runs the upkeep (advance, bounded collect). Every
+    /// exiting thread hands over up to two sealed units (its bag and its batch), and a
+    /// collect reclaims up to `COLLECT_BUDGET`: so short-lived threads that pin only a
+    /// few times each still collect at least as fast as they leave garbage behind.
+    /// Under loom: 0 (the models drive collection explicitly).
+    pub(crate) const FIRST_PIN_COUNT: usize = if cfg!(scalemem_loom) { 0 } else { PINS_BETWEEN_CHECKS - 1 };
     /// With garbage waiting, an advance is attempted at least this often (nanoseconds)
     /// by pinning threads, even when few bags are sealed.
     pub(crate) const ADVANCE_INTERVAL_NS: u64 = 1_000_000;
@@ -418,7 +425,7 @@ impl Local {
     fn claim(&self) {
         debug_assert_eq!(self.guard_count.get(), 0);
         self.handle_count.set(1);
-        self.pin_count.set(0);
+        self.pin_count.set(cfg::FIRST_PIN_COUNT);
         self.bag_age.set(0);
     }
 
