@@ -16,6 +16,9 @@ use scalemem::umem::os::testing;
 use scalemem::umem::region::{HEADER_PAGES, PAGE, REGION_SIZE, Regions};
 use scalemem::umem::slab::{FreeError, MAX_SIZE, SMALL_MAX, SlabCache};
 
+/// Objects in flight between threads: (cache index, address, stamp).
+type Mailbox = Mutex<Vec<(usize, usize, u64)>>;
+
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
@@ -486,7 +489,7 @@ fn checking_mode_catches_bad_frees() {
     let r = elsewhere.alloc().unwrap();
     let on_stack = [0u64; 4];
     let region = p.as_ptr() as usize & !(REGION_SIZE - 1);
-    // SAFETY (the block): checking mode accepts any pointer.
+    // SAFETY: checking mode accepts any pointer; `p` is ours to write (and its redzone).
     unsafe {
         assert_eq!(cache.free(q), Err(FreeError::WrongCache));
         assert_eq!(cache.free(r), Err(FreeError::Foreign));
@@ -533,7 +536,7 @@ fn unchecked_free_still_refuses_cheap_mistakes() {
     let b = SlabCache::builder(&regions, "b", 32, 8).build().unwrap();
     let p = a.alloc().unwrap();
     let q = b.alloc().unwrap();
-    // SAFETY (the block): every pointer is inside a live slab over `regions`.
+    // SAFETY: every pointer is inside a live slab over `regions`.
     unsafe {
         assert_eq!(a.free(q), Err(FreeError::WrongCache));
         assert_eq!(a.free(NonNull::new(p.as_ptr().add(4)).unwrap()), Err(FreeError::NotObjectBase));
@@ -563,8 +566,7 @@ fn threads_allocate_and_free_across_threads() {
             .collect::<Vec<_>>()
             .into_boxed_slice(),
     );
-    let mailboxes: Arc<Vec<Mutex<Vec<(usize, usize, u64)>>>> =
-        Arc::new((0..THREADS).map(|_| Mutex::default()).collect());
+    let mailboxes: Arc<Vec<Mailbox>> = Arc::new((0..THREADS).map(|_| Mutex::default()).collect());
     let barrier = Arc::new(Barrier::new(THREADS + 1));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let ticker = {

@@ -767,7 +767,8 @@ impl<'r> SlabCache<'r> {
         locked.allocated -= 1;
         s.allocated -= 1;
         let now_empty = locked.allocated == 0;
-        // SAFETY (the block): `h` is on the list its old counts call for; under the lock.
+        // SAFETY: `h` is on the list its old counts call for, and becomes empty only with no
+        // object allocated (so it may be destroyed); under the lock.
         unsafe {
             if was_full {
                 s.full.unlink(h);
