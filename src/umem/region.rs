@@ -8,7 +8,7 @@
 //! use scalemem::umem::region::Regions;
 //!
 //! let regions = Regions::builder().refcache(Config::manual()).retain(0).build()?;
-//! let mut cache = scalemem::umem::slab::SlabCache::builder(&regions, "example", 100, 8).build()?;
+//! let cache = scalemem::umem::slab::SlabCache::builder(&regions, "example", 100, 8).build()?;
 //! let p = cache.alloc()?;
 //! assert_eq!(regions.stats().live_regions, 1);
 //! // SAFETY: `p` came from this cache's `alloc` and is freed once.
@@ -70,7 +70,7 @@
 //!
 //! # Lookup
 //!
-//! [`Regions::lookup`](crate::umem::slab) (in the slab module) finds a pointer's slab
+//! [`Regions::lookup`] (defined in the slab module) finds a pointer's slab
 //! from nothing but the pointer: mask to the region base, check that this manager mapped
 //! a region there (a bitmap with one bit per [`REGION_SIZE`] of the 47-bit user address
 //! space, 8 MiB of address space of which only touched pages cost memory), check the

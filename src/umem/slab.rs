@@ -960,9 +960,11 @@ impl Drop for SlabCache<'_> {
     /// and unmaps the cache's state and header pages.
     fn drop(&mut self) {
         let c = self.inner.as_ptr();
-        {
-            // SAFETY: `&mut self`: nothing else uses the cache.
-            let s = unsafe { (*c).state.get_mut() };
+        // The lock, not `get_mut`: a lookup on another thread may hold a shared reference
+        // to the cache's state (through a slab it found) until `free_run` below unlists
+        // the slab, so no `&mut` to the whole lock may exist meanwhile.
+        // SAFETY: `inner` is live until the unmap at the end.
+        unsafe { &(*c).state }.with(|s| {
             for which in [Which::Partial, Which::Full, Which::Empty] {
                 let list = match which {
                     Which::Partial => &mut s.partial,
@@ -987,7 +989,7 @@ impl Drop for SlabCache<'_> {
                 // SAFETY: mapped in `spare_header` with this length; no slab uses it now.
                 unsafe { os::unmap(p, PAGE) };
             }
-        }
+        });
         // SAFETY: mapped in `build` with this length; nothing refers to it any more.
         unsafe { os::unmap(self.inner.cast(), size_of::<CacheInner>()) };
     }
