@@ -557,9 +557,9 @@ impl Regions {
             for page in first..first + pages {
                 locked.used[page / 64] &= !(1 << (page % 64));
                 // SAFETY: as above; `map` is only read through atomics.
-                // Release: pairs with nothing in particular (the page is free); readers of
-                // a free page are only lookups under the lock.
-                unsafe { (*r).map[page].store(0, Ordering::Release) };
+                // Relaxed: a free page's entry is read only by lookups, which hold the lock
+                // we hold (the unlocked reader, `owner_of`, is only for live runs).
+                unsafe { (*r).map[page].store(0, Ordering::Relaxed) };
             }
             locked.free_pages += pages;
             locked.slabs -= 1;
