@@ -703,3 +703,65 @@ fn dropping_everything_returns_everything() {
     }
     assert!(seen.values().all(|&maps| maps >= 2));
 }
+
+/// Regions emptied and refilled all the time while another thread ticks: 8 threads each
+/// take one large object at a time (one object per slab) from a cache that keeps no empty
+/// slab, so the region's count keeps dropping to zero and coming back (revivals). Every
+/// other phase all threads pause together for a few milliseconds, long enough for the
+/// ticker to release the empty region, which then comes back from the retained list.
+/// Objects never overlap, and at the end every region is released.
+#[test]
+fn threads_churn_regions_while_ticking() {
+    const THREADS: usize = 8;
+    let phases = if cfg!(debug_assertions) { 4 } else { 10 };
+    let regions = Regions::builder().refcache(Config::manual()).retain(1).build().unwrap();
+    let cache = SlabCache::builder(&regions, "churn", 60_000, 8).max_empty(0).build().unwrap();
+    assert_eq!(cache.stats().capacity, 1);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let barrier = Barrier::new(THREADS);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                regions.tick();
+                std::thread::yield_now();
+            }
+        });
+        let workers: Vec<_> = (0..THREADS)
+            .map(|me| {
+                let (cache, barrier) = (&cache, &barrier);
+                scope.spawn(move || {
+                    for phase in 0..phases {
+                        for i in 0..100 {
+                            let p = cache.alloc().unwrap();
+                            let stamp = ((me as u64) << 32) | (phase * 100 + i) as u64;
+                            fill(p, 256, stamp);
+                            if i % 8 == 0 {
+                                std::thread::yield_now();
+                            }
+                            check(p, 256, stamp);
+                            // SAFETY: from `cache`, freed once.
+                            unsafe { cache.free(p) }.unwrap();
+                        }
+                        barrier.wait();
+                        if phase % 2 == 0 {
+                            std::thread::sleep(std::time::Duration::from_millis(5));
+                        }
+                        barrier.wait();
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    cache.assert_valid();
+    regions.assert_valid();
+    regions.assert_counts_settled();
+    let st = regions.stats();
+    assert!(st.releases > 0, "the pauses released no region: {st:?}");
+    tick_until(&regions, 10, |r| r.stats().live_regions == 0);
+    regions.assert_valid();
+    eprintln!("churn: {:?}", regions.stats());
+}
