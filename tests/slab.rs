@@ -376,6 +376,41 @@ fn emptied_region_is_revived_before_release() {
     regions.assert_valid();
 }
 
+/// An empty region is reused only when no region with live slabs has room, so that it
+/// can go back: here the allocation lands in the half-used region and the empty one is
+/// released.
+#[test]
+fn empty_regions_are_used_last() {
+    use scalemem::umem::region::USABLE_PAGES;
+    let regions = manual(0);
+    let cache = SlabCache::builder(&regions, "last", 60_000, 8).max_empty(0).build().unwrap();
+    let per_region = USABLE_PAGES / cache.stats().slab_pages; // one object per slab
+    let mut objects: Vec<_> = (0..per_region + 4).map(|_| cache.alloc().unwrap()).collect();
+    assert_eq!(regions.stats().live_regions, 2);
+    let region_of = |p: NonNull<u8>| p.as_ptr() as usize & !(REGION_SIZE - 1);
+    let first = region_of(objects[0]);
+    let (in_first, in_second): (Vec<_>, Vec<_>) = objects.drain(..).partition(|&p| region_of(p) == first);
+    assert_eq!(in_first.len(), per_region);
+    for p in in_second {
+        // SAFETY: from `cache`, freed once.
+        unsafe { cache.free(p) }.unwrap(); // the second region is empty now
+    }
+    // SAFETY: as above.
+    unsafe { cache.free(in_first[0]) }.unwrap(); // and the first has room
+    regions.tick(); // the empty region's zero is seen: it is queued for review
+    let p = cache.alloc().unwrap();
+    assert_eq!(region_of(p), first, "an empty region was preferred to one with live slabs");
+    tick_until(&regions, 6, |r| r.stats().releases == 1);
+    let st = regions.stats();
+    assert_eq!((st.revivals, st.live_regions, st.unmapped_bytes), (0, 1, REGION_SIZE), "{st:?}");
+    regions.assert_valid();
+    for p in in_first.into_iter().skip(1).chain([p]) {
+        // SAFETY: as above.
+        unsafe { cache.free(p) }.unwrap();
+    }
+    cache.assert_valid();
+}
+
 /// Maps fail after N calls: every allocation fails cleanly, every layer stays valid, and
 /// allocation works again once maps are allowed.
 #[test]

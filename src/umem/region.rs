@@ -49,7 +49,8 @@
 //!   run goes back), so the count the Refcache sees is exactly the `slabs` field the
 //!   lock protects.
 //! - **Empty but not released**: an active region whose last run went back. It stays on
-//!   the active list and is reused first-fit like any other; to take a run from it the
+//!   the active list and is reused, though only when no region with live runs has room
+//!   (so that empty regions get the chance to go back); to take a run from it the
 //!   manager calls [`Refcache::try_revive`] under its lock. If the revival wins, the
 //!   region is live again and the Refcache's review re-queues it instead of freeing it.
 //!   If the Refcache's free won, the region is marked *dying* and skipped: its release
@@ -481,36 +482,39 @@ impl Regions {
         }
         let inner = self.inner();
         inner.shared.with(|s| {
-            // 1. First fit in an active region (reviving an empty one if needed).
-            let mut cursor = s.active.head;
-            while !cursor.is_null() {
-                let r = cursor;
-                // SAFETY: listed headers are mapped; `locked` is ours under the lock.
-                let locked = unsafe { &mut (*r).locked };
-                cursor = locked.next;
-                if locked.dying || locked.free_pages < pages {
-                    continue;
-                }
-                let Some(first) = find_run(&locked.used, pages) else { continue };
-                // SAFETY: `rc` is the region's registered header, valid while the region
-                // is on the active list (its release callback unlinks it under the lock
-                // we hold, so it has not returned).
-                let rc = unsafe { NonNull::from(&(*r).rc) };
-                if locked.slabs == 0 {
-                    // SAFETY: as above: the callback cannot return while we hold the lock.
-                    if !unsafe { inner.refcache.try_revive(rc) } {
-                        locked.dying = true;
+            // 1. First fit in an active region that has runs, then in an empty one
+            //    (reviving it): empty regions are used last, so that they can go back.
+            for want_empty in [false, true] {
+                let mut cursor = s.active.head;
+                while !cursor.is_null() {
+                    let r = cursor;
+                    // SAFETY: listed headers are mapped; `locked` is ours under the lock.
+                    let locked = unsafe { &mut (*r).locked };
+                    cursor = locked.next;
+                    if locked.dying || locked.free_pages < pages || (locked.slabs == 0) != want_empty {
                         continue;
                     }
-                    // Relaxed: a statistic.
-                    inner.revivals.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    // SAFETY: the region has live runs, so its count is not zero (every
-                    // count change happens under this lock, matching `slabs`).
-                    unsafe { inner.refcache.inc(rc) };
+                    let Some(first) = find_run(&locked.used, pages) else { continue };
+                    // SAFETY: `rc` is the region's registered header, valid while the region
+                    // is on the active list (its release callback unlinks it under the lock
+                    // we hold, so it has not returned).
+                    let rc = unsafe { NonNull::from(&(*r).rc) };
+                    if locked.slabs == 0 {
+                        // SAFETY: as above: the callback cannot return while we hold the lock.
+                        if !unsafe { inner.refcache.try_revive(rc) } {
+                            locked.dying = true;
+                            continue;
+                        }
+                        // Relaxed: a statistic.
+                        inner.revivals.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        // SAFETY: the region has live runs, so its count is not zero (every
+                        // count change happens under this lock, matching `slabs`).
+                        unsafe { inner.refcache.inc(rc) };
+                    }
+                    // SAFETY: `r` is an active region with room at `first`.
+                    return Ok(unsafe { take_run(s, r, first, pages, init) });
                 }
-                // SAFETY: `r` is an active region with room at `first`.
-                return Ok(unsafe { take_run(s, r, first, pages, init) });
             }
             // 2. A retained region, with a fresh count.
             if !s.retained.head.is_null() {
