@@ -81,6 +81,103 @@ pub(crate) unsafe fn unmap(ptr: NonNull<u8>, len: usize) {
     debug_assert!(result.is_ok());
 }
 
+/// Maps `len` bytes (a multiple of the page size) of zeroed memory whose address is a
+/// multiple of `align` (a power of two, at least the page size): maps `len + align -
+/// page` bytes and unmaps the misaligned head and the tail, so that only `len` bytes stay
+/// mapped. Free it with [`unmap_aligned`].
+#[cfg(not(scalemem_loom))]
+pub(crate) fn map_aligned(len: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
+    let page = page_size();
+    if len == 0 || len % page != 0 || !align.is_power_of_two() || align < page {
+        return Err(AllocError);
+    }
+    let total = len.checked_add(align - page).ok_or(AllocError)?;
+    // SAFETY: as in `map`: a fresh anonymous private mapping aliases nothing.
+    let raw = unsafe {
+        rustix::mm::mmap_anonymous(
+            core::ptr::null_mut(),
+            total,
+            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+            rustix::mm::MapFlags::PRIVATE,
+        )
+    }
+    .map_err(|_| AllocError)?;
+    let start = raw as usize;
+    let aligned = (start + align - 1) & !(align - 1);
+    let head = aligned - start;
+    let tail = total - head - len;
+    if head != 0 {
+        // SAFETY: the head is part of the mapping made above, used by nobody.
+        let result = unsafe { rustix::mm::munmap(raw, head) };
+        debug_assert!(result.is_ok());
+    }
+    if tail != 0 {
+        // SAFETY: the tail is part of the mapping made above, used by nobody.
+        let result = unsafe { rustix::mm::munmap((aligned + len) as *mut core::ffi::c_void, tail) };
+        debug_assert!(result.is_ok());
+    }
+    let ptr = NonNull::new(aligned as *mut u8).ok_or(AllocError)?;
+    lsan::register(ptr, len);
+    Ok(ptr)
+}
+
+/// Unmaps memory returned by [`map_aligned`].
+///
+/// # Safety
+/// 1. `ptr`, `len` and `align` are exactly what a call to [`map_aligned`] was given and
+///    returned.
+/// 2. Nothing refers to the memory any more.
+#[cfg(not(scalemem_loom))]
+pub(crate) unsafe fn unmap_aligned(ptr: NonNull<u8>, len: usize, align: usize) {
+    let _ = align;
+    // SAFETY: (1) what stayed mapped is exactly `len` bytes at `ptr`, registered with
+    // LSan as `map` registers; (2) as the caller promises.
+    unsafe { unmap(ptr, len) };
+}
+
+/// Under loom: zeroed memory aligned to `align` from the global allocator.
+#[cfg(scalemem_loom)]
+pub(crate) fn map_aligned(len: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
+    let layout = std::alloc::Layout::from_size_align(len.max(1), align).map_err(|_| AllocError)?;
+    // SAFETY: the layout has a non-zero size.
+    NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).ok_or(AllocError)
+}
+
+/// Under loom: frees memory from the loom [`map_aligned`].
+///
+/// # Safety
+/// As for the non-loom `unmap_aligned`.
+#[cfg(scalemem_loom)]
+pub(crate) unsafe fn unmap_aligned(ptr: NonNull<u8>, len: usize, align: usize) {
+    let layout = std::alloc::Layout::from_size_align(len.max(1), align).expect("accepted by map_aligned");
+    // SAFETY: allocated by map_aligned with this layout; no longer used.
+    unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
+}
+
+/// Gives the pages of `[ptr, ptr + len)` back to the kernel (`madvise(MADV_DONTNEED)`):
+/// the range stays mapped and reads as zeros afterwards, and it no longer counts in the
+/// resident set. Returns whether the kernel accepted.
+///
+/// # Safety
+/// 1. The range is page-aligned and lies in a mapping of ours.
+/// 2. Nothing needs its contents any more.
+#[cfg(not(scalemem_loom))]
+pub(crate) unsafe fn dontneed(ptr: NonNull<u8>, len: usize) -> bool {
+    // SAFETY: (1) our own mapping, page-aligned; (2) the contents are dead.
+    unsafe { rustix::mm::madvise(ptr.as_ptr().cast(), len, rustix::mm::Advice::LinuxDontNeed) }.is_ok()
+}
+
+/// Under loom: zeroes the range (what `MADV_DONTNEED` makes the next reader see).
+///
+/// # Safety
+/// As for the non-loom `dontneed`.
+#[cfg(scalemem_loom)]
+pub(crate) unsafe fn dontneed(ptr: NonNull<u8>, len: usize) -> bool {
+    // SAFETY: (1) the range is ours and writable; (2) its contents are dead.
+    unsafe { core::ptr::write_bytes(ptr.as_ptr(), 0, len) };
+    true
+}
+
 #[cfg(not(scalemem_loom))]
 /// Reads an environment variable without allocating (glibc's `getenv` copies nothing).
 /// `name` must end with a NUL byte. Returns the value's bytes.

@@ -1,12 +1,27 @@
 //! umem, the libumem-style allocator; layers land one at a time.
 //!
 //! ```text
-//! GlobalAlloc -> cache -> cpu_cache (per-CPU magazines) -> depot -> slab -> vmem -> os
-//!                         ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^          ^^^^ here so far
+//! GlobalAlloc -> cache -> cpu_cache (per-CPU magazines) -> depot -> slab -> region/vmem -> os
+//!                         ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^    ^^^^^^^^^^^^^^^^^^^^^^^^ landed
 //! ```
+//!
+//! The layers, bottom up, as `DESIGN.md` lays them out. Landed: [`os`] (the kernel:
+//! `mmap`, `madvise`), [`vmem`] arenas, [`region`] (2 MiB regions counted by Refcache),
+//! [`slab`] (slab caches with pointer lookup) and the per-CPU magazine layer
+//! ([`cpu_cache`], with the depot). Still to come: the object cache that joins the
+//! magazine layer to the slab layer (constructors, destructors, `destroy`), size classes
+//! and `GlobalAlloc`.
 //!
 //! # Glossary
 //!
+//! - **region**: 2 MiB of memory from the kernel, 2 MiB-aligned, with its header in its
+//!   first pages; a pointer finds the header by masking. Its count of live slabs is a
+//!   Refcache count, so it goes back only after staying empty for two epochs.
+//! - **run**: consecutive 4 KiB pages of a region, handed to one slab.
+//! - **page map**: one word per page of a region naming the slab header that owns it.
+//! - **slab**: a run cut into equal **chunks** (objects), with a header in the run (small
+//!   objects) or outside it (large ones), a free list and an allocated bitmap.
+//! - **colour**: the varying offset of a slab's first object, by cache-line steps.
 //! - **vmem** ([`vmem`]): Bonwick and Adams' resource arenas of integer ranges (address
 //!   space, or ids), the bottom layer that slabs will take their pages from.
 //! - **round**: a constructed object cached in a magazine (an opaque pointer here).
@@ -37,6 +52,9 @@ compile_error!("umem packs per-CPU magazine state into 64-bit words");
 pub mod cpu_cache;
 mod depot;
 mod magazine;
+pub mod os;
+pub mod region;
+pub mod slab;
 pub mod vmem;
 
 pub use cpu_cache::{Config, CpuCaches, Stats};

@@ -21,7 +21,7 @@ const CONTENDED: u32 = 2;
 const SPINS: u32 = if cfg!(scalemem_loom) { 0 } else { 64 };
 
 /// A mutex over a `T`, reached through [`with`](Lock::with).
-pub(super) struct Lock<T> {
+pub(crate) struct Lock<T> {
     state: Futex,
     data: UnsafeCell<T>,
 }
@@ -34,7 +34,7 @@ unsafe impl<T: Send> Sync for Lock<T> {}
 
 impl<T> Lock<T> {
     /// An unlocked lock over `value`.
-    pub(super) fn new(value: T) -> Self {
+    pub(crate) fn new(value: T) -> Self {
         Self { state: Futex::new(UNLOCKED), data: UnsafeCell::new(value) }
     }
 
@@ -42,7 +42,7 @@ impl<T> Lock<T> {
     /// returns or unwinds (the value's own invariants are then the caller's business:
     /// nothing that runs under an arena lock panics, except `assert_valid`).
     #[inline]
-    pub(super) fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
         self.lock();
         let _unlock = Unlock(self);
         // SAFETY: we hold the lock (acquired above, released by `_unlock` after `f`), so
@@ -51,7 +51,7 @@ impl<T> Lock<T> {
     }
 
     /// Exclusive access through `&mut self`: no locking is needed.
-    pub(super) fn get_mut(&mut self) -> &mut T {
+    pub(crate) fn get_mut(&mut self) -> &mut T {
         // SAFETY: `&mut self` proves that no other reference to the lock exists, so no
         // thread is inside `with`; the reference borrows `self`.
         self.data.with_mut(|value| unsafe { &mut *value })

@@ -147,7 +147,7 @@
 //!   panicking.
 
 mod arena;
-mod lock;
+pub(crate) mod lock;
 mod qcache;
 mod seg;
 

@@ -1,0 +1,140 @@
+//! The bottom of umem: the only place in the allocator that talks to the kernel.
+//!
+//! It wraps the crate's `os` module (anonymous `mmap`/`munmap` through `rustix`, never
+//! libc's `malloc`) and adds what the region layer needs: a mapping aligned to a large
+//! power of two (2 MiB regions, made by over-mapping and trimming the head and tail) and
+//! `madvise(MADV_DONTNEED)`, which gives a range's pages back while keeping it mapped.
+//!
+//! # Fault injection
+//!
+//! Every map made through this module first asks a per-thread budget, so a test can make
+//! the kernel "refuse" memory at a chosen point ([`testing::fail_maps_after`]) and check
+//! that every layer above fails cleanly and works again once maps are allowed
+//! ([`testing::allow_maps`]). The budget is per thread so that tests running in parallel
+//! in one binary do not fail each other's maps. It costs one thread-local read per map
+//! (a system call follows anyway). Under loom there is no budget.
+//!
+//! ```
+//! use scalemem::umem::os::testing;
+//! use scalemem::umem::region::Regions;
+//!
+//! testing::fail_maps_after(0);
+//! assert!(Regions::new().is_err()); // the manager's own page cannot be mapped
+//! testing::allow_maps();
+//! assert!(Regions::new().is_ok());
+//! ```
+
+use core::ptr::NonNull;
+
+use crate::util::AllocError;
+
+/// Asks the fault-injection budget for one map: `false` if it must fail.
+#[cfg(not(scalemem_loom))]
+#[inline]
+fn may_map() -> bool {
+    testing::MAPS_LEFT.with(|left| {
+        let n = left.get();
+        if n == usize::MAX {
+            true
+        } else if n == 0 {
+            false
+        } else {
+            left.set(n - 1);
+            true
+        }
+    })
+}
+
+#[cfg(scalemem_loom)]
+#[inline]
+fn may_map() -> bool {
+    true
+}
+
+/// The system page size.
+#[inline]
+pub fn page_size() -> usize {
+    crate::os::page_size()
+}
+
+/// Maps `len` bytes (rounded up to pages) of zeroed read-write memory.
+pub(crate) fn map(len: usize) -> Result<NonNull<u8>, AllocError> {
+    if !may_map() {
+        return Err(AllocError);
+    }
+    crate::os::map(len)
+}
+
+/// Unmaps memory from [`map`].
+///
+/// # Safety
+/// 1. `ptr` and `len` are what [`map`] returned and was given.
+/// 2. Nothing refers to the memory any more.
+pub(crate) unsafe fn unmap(ptr: NonNull<u8>, len: usize) {
+    // SAFETY: (1) and (2) are the caller's.
+    unsafe { crate::os::unmap(ptr, len) }
+}
+
+/// Maps `len` bytes (a multiple of the page size) of zeroed memory aligned to `align` (a
+/// power of two, at least the page size). The address space used transiently is `len +
+/// align - page`; only `len` bytes stay mapped.
+pub(crate) fn map_aligned(len: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
+    if !may_map() {
+        return Err(AllocError);
+    }
+    crate::os::map_aligned(len, align)
+}
+
+/// Unmaps memory from [`map_aligned`].
+///
+/// # Safety
+/// 1. `ptr`, `len` and `align` are what [`map_aligned`] returned and was given.
+/// 2. Nothing refers to the memory any more.
+pub(crate) unsafe fn unmap_aligned(ptr: NonNull<u8>, len: usize, align: usize) {
+    // SAFETY: (1) and (2) are the caller's.
+    unsafe { crate::os::unmap_aligned(ptr, len, align) }
+}
+
+/// `madvise(MADV_DONTNEED)`: the pages of the range go back to the kernel, the range stays
+/// mapped and reads as zeros. Returns whether the kernel accepted (a refusal leaves the
+/// memory resident, which is only a missed saving).
+///
+/// # Safety
+/// 1. The range is page-aligned and inside a mapping of ours.
+/// 2. Nothing needs its contents any more.
+pub(crate) unsafe fn dontneed(ptr: NonNull<u8>, len: usize) -> bool {
+    // SAFETY: (1) and (2) are the caller's.
+    unsafe { crate::os::dontneed(ptr, len) }
+}
+
+/// Fault injection for tests (outside semver): make this thread's maps fail.
+#[doc(hidden)]
+#[cfg(not(scalemem_loom))]
+pub mod testing {
+    use core::cell::Cell;
+
+    crate::sync::thread_local! {
+        /// Maps this thread may still make before they fail; `usize::MAX`: no limit.
+        pub(super) static MAPS_LEFT: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+
+    /// From now on, this thread's next `n` maps through `umem::os` succeed (if the kernel
+    /// agrees) and every later one fails, until [`allow_maps`].
+    ///
+    /// ```
+    /// scalemem::umem::os::testing::fail_maps_after(3);
+    /// scalemem::umem::os::testing::allow_maps();
+    /// ```
+    pub fn fail_maps_after(n: usize) {
+        MAPS_LEFT.with(|left| left.set(n.min(usize::MAX - 1)));
+    }
+
+    /// Lifts the limit set by [`fail_maps_after`].
+    ///
+    /// ```
+    /// scalemem::umem::os::testing::allow_maps();
+    /// ```
+    pub fn allow_maps() {
+        MAPS_LEFT.with(|left| left.set(usize::MAX));
+    }
+}

@@ -1,0 +1,952 @@
+//! Regions: memory comes from the kernel in [`REGION_SIZE`]-aligned regions of
+//! [`REGION_SIZE`] bytes (2 MiB), so a pointer finds its region's header by masking its
+//! low bits. The slab layer takes runs of pages from them; a region goes back to the
+//! kernel only after its count of live slabs has stayed zero for two Refcache epochs.
+//!
+//! ```
+//! use scalemem::refcount::Config;
+//! use scalemem::umem::region::Regions;
+//!
+//! let regions = Regions::builder().refcache(Config::manual()).retain(0).build()?;
+//! let cache = scalemem::umem::slab::SlabCache::builder(&regions, "example", 100, 8).build()?;
+//! let p = cache.alloc()?;
+//! assert_eq!(regions.stats().live_regions, 1);
+//! // SAFETY: `p` came from this cache's `alloc` and is freed once.
+//! unsafe { cache.free(p) }.unwrap();
+//! cache.shrink(); // hands the emptied slab back: the region's count drops to zero
+//! while regions.stats().live_regions != 0 {
+//!     regions.tick(); // two epochs later, the region is unmapped (retain(0))
+//! }
+//! assert_eq!(regions.stats().mapped_bytes, 0);
+//! # Ok::<(), scalemem::util::AllocError>(())
+//! ```
+//!
+//! # Layout
+//!
+//! A region starts with its header ([`HEADER_PAGES`] pages of [`PAGE`] bytes): the
+//! [`RcHeader`] that counts its live slabs (first, so the release callback's header
+//! address is the region's base), a magic word and the owning manager, the list links and
+//! counts that the manager's lock protects, a bitmap of used pages, and the **page map**:
+//! one word per page, the address of the slab header that owns the page (every page of a
+//! slab's run names the same header), or 0 for a free page. The rest of the region is
+//! handed out as **runs** of whole pages, first fit in the bitmap. A region page is
+//! always 4 KiB ([`PAGE`]); the kernel's page size only matters for `madvise`, which is
+//! applied to the whole region past its header.
+//!
+//! # The lifecycle of a region
+//!
+//! ```text
+//!   map (2 MiB aligned) ──► active ──(count stays 0 for two epochs: release)──► retained
+//!                           ▲   │                                                 │
+//!                           │   └──(release, retained list full)──► unmapped      │
+//!                           └──────────(a run is needed: header re-initialised)───┘
+//! ```
+//!
+//! - **Active**: on the manager's active list, registered with the manager's
+//!   [`Refcache`]. Its count is the number of live runs (slabs) in it. Every count
+//!   change happens under the manager's lock, right where the run is handed out or
+//!   taken back ([`Refcache::inc`] for a region that has runs, [`Refcache::dec`] when a
+//!   run goes back), so the count the Refcache sees is exactly the `slabs` field the
+//!   lock protects.
+//! - **Empty but not released**: an active region whose last run went back. It stays on
+//!   the active list and is reused, though only when no region with live runs has room
+//!   (so that empty regions get the chance to go back); to take a run from it the
+//!   manager calls [`Refcache::try_revive`] under its lock. If the revival wins, the
+//!   region is live again and the Refcache's review re-queues it instead of freeing it.
+//!   If the Refcache's free won, the region is marked *dying* and skipped: its release
+//!   callback is about to run (it waits for the lock we hold), so its header is valid
+//!   while we look, which is the condition `try_revive` asks for.
+//! - **Release** ([`RcRelease::release`], on the thread that ticks the Refcache): takes
+//!   the manager's lock and unlinks the region. If fewer than the builder's `retain`
+//!   regions are retained, the pages past the header are given back with
+//!   `madvise(MADV_DONTNEED)` and the region joins the retained list (mapped, not
+//!   counted); otherwise it is unregistered and unmapped.
+//! - **Reuse of a retained region**: when no active region has room, a retained one is
+//!   taken before mapping a new one; its [`RcHeader`] is written afresh (count one, for
+//!   the run being handed out) and registered again, since the Refcache is done with the
+//!   old one once its callback returned.
+//!
+//! The two-epoch delay is the hysteresis: a slab that comes and goes on a region costs no
+//! `mmap`/`munmap` pair, only a region whose count has stayed zero for a while goes.
+//!
+//! # Lookup
+//!
+//! [`Regions::lookup`] (defined in the slab module) finds a pointer's slab
+//! from nothing but the pointer: mask to the region base, check that this manager mapped
+//! a region there (a bitmap with one bit per [`REGION_SIZE`] of the 47-bit user address
+//! space, 8 MiB of address space of which only touched pages cost memory), check the
+//! header's magic and owner, read the page map. It runs under the manager's lock, which
+//! the release callback also takes before it unmaps anything, so a foreign or stale
+//! pointer never makes it read unmapped memory. The allocator's own free path trusts its
+//! pointer and reads the page map without the lock (a live object's slab keeps its
+//! region mapped).
+//!
+//! # The Refcache
+//!
+//! A [`Regions`] owns its [`Refcache`], built from the [`Config`] given to the builder
+//! (the default has a background ticker with 10 ms epochs; tests pass
+//! [`Config::manual`] and call [`Regions::tick`]). Owning it ties the lifetimes: the
+//! release callback reaches the manager through a pointer in the header, and dropping
+//! the manager first drops the Refcache (which releases every zero-count region while
+//! the manager still exists), then unmaps what is left.
+//!
+//! # Lock order
+//!
+//! A slab cache's lock, then the regions lock (a cache takes runs while holding its own
+//! lock). The release callback takes only the regions lock. Refcache operations under the
+//! regions lock (`inc`, `dec`, `try_revive`) never call back into us; only `tick` and the
+//! Refcache's drop run the callback, and neither is called with the lock held.
+//!
+//! # Faults
+//!
+//! If the kernel refuses a new region (or the registry's pages), [`Regions`] returns
+//! `Err(AllocError)` having changed nothing. Giving pages back never fails: a refused
+//! `madvise` only leaves the pages resident (counted as not returned).
+//!
+//! # Invariants (checked by [`Regions::assert_valid`])
+//!
+//! 1. Every listed region has the magic, names this manager, is registered, and is on
+//!    the list its state says.
+//! 2. In an active region, a page past the header is marked used iff its page-map entry
+//!    is non-zero; the header pages are marked used; `free_pages` counts the unmarked
+//!    pages; the runs (maximal stretches of equal non-zero entries) number `slabs`.
+//! 3. A retained region has no runs, a zero page map and no dying mark.
+//! 4. The sum of `slabs` is the manager's run count; the list lengths match their counts;
+//!    `mapped_bytes` is `REGION_SIZE` times the regions on both lists.
+//! 5. When nothing runs ([`Regions::assert_counts_settled`]): every active region's
+//!    Refcache count equals its number of runs.
+
+use core::mem::{ManuallyDrop, size_of};
+use core::ptr::{self, NonNull};
+
+use super::os;
+use super::vmem::lock::Lock;
+use crate::refcount::{Config, RcHeader, RcRelease, Refcache};
+use crate::sync::atomic::{AtomicUsize, Ordering};
+use crate::util::AllocError;
+
+/// The size and alignment of a region: 2 MiB (64 KiB under loom, so that models map
+/// little).
+pub const REGION_SIZE: usize = if cfg!(scalemem_loom) { 64 << 10 } else { 2 << 20 };
+/// The unit of a region's page map and page allocator: 4 KiB.
+pub const PAGE: usize = 4096;
+/// Pages per region.
+pub const PAGES: usize = REGION_SIZE / PAGE;
+/// Pages at the start of every region that hold its header.
+pub const HEADER_PAGES: usize = size_of::<RegionHeader>().div_ceil(PAGE);
+/// Pages of a region that runs can use.
+pub const USABLE_PAGES: usize = PAGES - HEADER_PAGES;
+
+/// "umregion" in ASCII: the first word after the `RcHeader` of every region.
+const MAGIC: usize = 0x756d_7265_6769_6f6e;
+const USED_WORDS: usize = PAGES.div_ceil(64);
+/// Address bits of user space on x86_64 (4-level paging; we never ask for more).
+const ADDRESS_BITS: u32 = 47;
+/// Regions that fit in the address space: one registry bit each.
+#[cfg(not(scalemem_loom))]
+const REGISTRY_BITS: usize = 1 << (ADDRESS_BITS - REGION_SIZE.trailing_zeros());
+/// Under loom the registry is a token (models never look up foreign pointers, and a
+/// bitmap for 64 KiB regions would be 256 MiB per model run): see `registry_contains`.
+#[cfg(scalemem_loom)]
+const REGISTRY_BITS: usize = 64;
+const REGISTRY_BYTES: usize = REGISTRY_BITS / 8;
+
+/// Where a region is in its lifecycle (see the module documentation).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum State {
+    Active,
+    Retained,
+}
+
+/// Set at initialisation, read-only while the region is mapped.
+#[repr(C)]
+struct Ident {
+    magic: usize,
+    manager: *const Inner,
+}
+
+/// The part of a header that the manager's lock protects.
+#[repr(C)]
+struct Locked {
+    prev: *mut RegionHeader,
+    next: *mut RegionHeader,
+    state: State,
+    /// `try_revive` failed: the release callback is due; take no runs from it.
+    dying: bool,
+    /// Live runs (slabs) in the region: its count, as the Refcache will see it.
+    slabs: usize,
+    /// Pages not in a run and not in the header.
+    free_pages: usize,
+    /// Bit `i` set: page `i` is in the header or in a run.
+    used: [u64; USED_WORDS],
+}
+
+/// The header at the start of every region.
+#[repr(C)]
+pub(crate) struct RegionHeader {
+    /// First: the release callback's pointer is the region's base.
+    rc: RcHeader,
+    ident: Ident,
+    locked: Locked,
+    /// The page map: the owner (a slab header's address) of each page, 0 if free.
+    /// Written under the manager's lock; read without it by the free path.
+    map: [AtomicUsize; PAGES],
+}
+
+/// The lock-protected state of a manager.
+struct Shared {
+    active: List,
+    retained: List,
+    retain_limit: usize,
+    /// Live runs in all regions.
+    runs: usize,
+    /// One bit per `REGION_SIZE` of address space: a region of ours starts there.
+    /// Mapped lazily (null until the first region); `REGISTRY_BYTES` long.
+    registry: *mut u64,
+}
+
+// SAFETY: the raw pointers in `Shared` point to regions and a registry mapped by the
+// manager, reached only under the manager's lock, from whichever thread holds it; nothing
+// in them is tied to a thread.
+unsafe impl Send for Shared {}
+
+/// A doubly linked list of region headers through `Locked::{prev, next}`.
+struct List {
+    head: *mut RegionHeader,
+    len: usize,
+}
+
+impl List {
+    const fn new() -> Self {
+        Self { head: ptr::null_mut(), len: 0 }
+    }
+
+    /// # Safety
+    /// `r` is a mapped region header, on no list; the manager's lock is held.
+    unsafe fn push(&mut self, r: *mut RegionHeader) {
+        // SAFETY: `r` and the head are mapped headers; their `locked` parts are ours
+        // under the lock.
+        unsafe {
+            (*r).locked.prev = ptr::null_mut();
+            (*r).locked.next = self.head;
+            if !self.head.is_null() {
+                (*self.head).locked.prev = r;
+            }
+        }
+        self.head = r;
+        self.len += 1;
+    }
+
+    /// # Safety
+    /// `r` is on this list; the manager's lock is held.
+    unsafe fn unlink(&mut self, r: *mut RegionHeader) {
+        // SAFETY: `r` and its neighbours are mapped headers on this list, ours under the
+        // lock.
+        unsafe {
+            let (prev, next) = ((*r).locked.prev, (*r).locked.next);
+            if prev.is_null() {
+                self.head = next;
+            } else {
+                (*prev).locked.next = next;
+            }
+            if !next.is_null() {
+                (*next).locked.prev = prev;
+            }
+            (*r).locked.prev = ptr::null_mut();
+            (*r).locked.next = ptr::null_mut();
+        }
+        self.len -= 1;
+    }
+}
+
+/// The manager's state, in its own mapping so that its address never changes (region
+/// headers point to it).
+struct Inner {
+    refcache: ManuallyDrop<Refcache>,
+    shared: Lock<Shared>,
+    /// Bytes of regions mapped now (active and retained). Relaxed (all counters): statistics.
+    mapped: AtomicUsize,
+    /// Bytes given back with `madvise` so far.
+    returned: AtomicUsize,
+    /// Bytes unmapped so far.
+    unmapped: AtomicUsize,
+    /// Release callbacks run so far.
+    releases: AtomicUsize,
+    /// Empty regions revived by `try_revive` so far.
+    revivals: AtomicUsize,
+    /// Regions mapped so far.
+    maps: AtomicUsize,
+}
+
+/// Counters of a [`Regions`] (each read on its own: a hint under concurrency).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct RegionStats {
+    /// Bytes of regions mapped now (active and retained regions).
+    pub mapped_bytes: usize,
+    /// Bytes given back to the kernel with `madvise(MADV_DONTNEED)` so far.
+    pub returned_bytes: usize,
+    /// Bytes unmapped so far.
+    pub unmapped_bytes: usize,
+    /// Regions on the active list (including empty ones waiting for their release).
+    pub live_regions: usize,
+    /// Released regions kept mapped for reuse.
+    pub retained_regions: usize,
+    /// Live runs (slabs) in all regions.
+    pub runs: usize,
+    /// Regions released by the Refcache so far.
+    pub releases: usize,
+    /// Empty regions revived before their release so far.
+    pub revivals: usize,
+    /// Regions mapped from the kernel so far.
+    pub maps: usize,
+}
+
+/// The release callback of region headers.
+struct RegionRelease;
+
+impl RcRelease for RegionRelease {
+    unsafe fn release(header: NonNull<RcHeader>) {
+        let region = header.as_ptr().cast::<RegionHeader>();
+        // SAFETY: the header is the first field of a mapped region header (repr(C)),
+        // whose `ident` was written before the header was registered and is read-only.
+        let manager = unsafe { (*region).ident.manager };
+        // SAFETY: the manager outlives its regions' releases: its drop drops the Refcache
+        // (which runs the last callbacks) before unmapping `Inner`.
+        unsafe { Inner::release(manager, region) };
+    }
+}
+
+/// Builds a [`Regions`].
+///
+/// ```
+/// use scalemem::refcount::Config;
+/// let regions = scalemem::umem::region::Regions::builder().refcache(Config::manual()).retain(2).build()?;
+/// assert_eq!(regions.stats().mapped_bytes, 0);
+/// # Ok::<(), scalemem::util::AllocError>(())
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct RegionsBuilder {
+    config: Config,
+    retain: usize,
+}
+
+impl RegionsBuilder {
+    /// The configuration of the manager's [`Refcache`] (default: [`Config::default`], a
+    /// background ticker with 10 ms epochs).
+    pub fn refcache(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// How many released regions stay mapped (their pages given back with `madvise`)
+    /// for reuse; more are unmapped. Default 4 (8 MiB of address space).
+    pub fn retain(mut self, regions: usize) -> Self {
+        self.retain = regions;
+        self
+    }
+
+    /// Makes the manager: maps its state and starts its Refcache. Fails if the kernel
+    /// refuses the memory or the ticker thread cannot start.
+    pub fn build(self) -> Result<Regions, AllocError> {
+        let refcache = Refcache::with_config(self.config)?;
+        let inner = os::map(size_of::<Inner>())?.cast::<Inner>();
+        let value = Inner {
+            refcache: ManuallyDrop::new(refcache),
+            shared: Lock::new(Shared {
+                active: List::new(),
+                retained: List::new(),
+                retain_limit: self.retain,
+                runs: 0,
+                registry: ptr::null_mut(),
+            }),
+            mapped: AtomicUsize::new(0),
+            returned: AtomicUsize::new(0),
+            unmapped: AtomicUsize::new(0),
+            releases: AtomicUsize::new(0),
+            revivals: AtomicUsize::new(0),
+            maps: AtomicUsize::new(0),
+        };
+        // SAFETY: a fresh mapping of at least `size_of::<Inner>()` bytes, page-aligned.
+        unsafe { inner.as_ptr().write(value) };
+        Ok(Regions { inner })
+    }
+}
+
+/// The region manager of one heap: maps regions, hands out runs of pages to slabs,
+/// counts each region's live slabs in its [`Refcache`] and gives regions back once their
+/// count has stayed zero for two epochs (see the module documentation).
+pub struct Regions {
+    inner: NonNull<Inner>,
+}
+
+// SAFETY: `Inner` holds a `Refcache` (Send + Sync), counters, and the lock-protected
+// `Shared`; the regions it points to are reached only under the lock or, for the page
+// map, through atomics. So:
+// - Send: nothing in it is tied to the creating thread;
+// - Sync: every shared access is through the lock or an atomic.
+unsafe impl Send for Regions {}
+// SAFETY: see `Send` above.
+unsafe impl Sync for Regions {}
+
+impl core::fmt::Debug for Regions {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Regions").field("stats", &self.stats()).finish_non_exhaustive()
+    }
+}
+
+impl Regions {
+    /// A manager with the default builder settings.
+    ///
+    /// ```
+    /// let regions = scalemem::umem::region::Regions::new()?;
+    /// assert_eq!(regions.stats().live_regions, 0);
+    /// # Ok::<(), scalemem::util::AllocError>(())
+    /// ```
+    pub fn new() -> Result<Self, AllocError> {
+        Self::builder().build()
+    }
+
+    /// The builder: Refcache configuration and retention limit.
+    pub fn builder() -> RegionsBuilder {
+        RegionsBuilder { config: Config::default(), retain: 4 }
+    }
+
+    fn inner(&self) -> &Inner {
+        // SAFETY: `inner` was written in `build` and is unmapped only in `drop`.
+        unsafe { self.inner.as_ref() }
+    }
+
+    /// The Refcache that counts this manager's regions.
+    pub fn refcache(&self) -> &Refcache {
+        &self.inner().refcache
+    }
+
+    /// One Refcache epoch step by hand ([`Refcache::tick`]): regions whose count has
+    /// stayed zero for two epochs are released on this thread. Returns the epoch.
+    ///
+    /// ```
+    /// let regions = scalemem::umem::region::Regions::builder()
+    ///     .refcache(scalemem::refcount::Config::manual())
+    ///     .build()?;
+    /// let e = regions.tick();
+    /// assert_eq!(regions.tick(), e + 1);
+    /// # Ok::<(), scalemem::util::AllocError>(())
+    /// ```
+    pub fn tick(&self) -> usize {
+        self.inner().refcache.tick()
+    }
+
+    /// The counters.
+    ///
+    /// ```
+    /// let regions = scalemem::umem::region::Regions::new()?;
+    /// assert_eq!(regions.stats().runs, 0);
+    /// # Ok::<(), scalemem::util::AllocError>(())
+    /// ```
+    pub fn stats(&self) -> RegionStats {
+        let inner = self.inner();
+        let (live_regions, retained_regions, runs) = inner.shared.with(|s| (s.active.len, s.retained.len, s.runs));
+        // Relaxed: statistics.
+        RegionStats {
+            mapped_bytes: inner.mapped.load(Ordering::Relaxed),
+            returned_bytes: inner.returned.load(Ordering::Relaxed),
+            unmapped_bytes: inner.unmapped.load(Ordering::Relaxed),
+            live_regions,
+            retained_regions,
+            runs,
+            releases: inner.releases.load(Ordering::Relaxed),
+            revivals: inner.revivals.load(Ordering::Relaxed),
+            maps: inner.maps.load(Ordering::Relaxed),
+        }
+    }
+
+    /// An identity for this manager (its state's address), for checking who owns what.
+    pub(crate) fn id(&self) -> usize {
+        self.inner.as_ptr() as usize
+    }
+
+    /// Hands out a run of `pages` pages (`1 ..= USABLE_PAGES`). `init` runs under the
+    /// manager's lock with the run's base, before the page map names the run's owner: it
+    /// writes the slab header (in the run or elsewhere) and returns the owner's address,
+    /// so a lookup never sees a half-written owner. The region's count goes up by one.
+    /// Fails only if a new region is needed and the kernel refuses it, or for a bad
+    /// `pages`; `init` then does not run. `init` must not call into this manager.
+    pub(crate) fn alloc_run(
+        &self,
+        pages: usize,
+        init: impl FnOnce(NonNull<u8>) -> NonNull<u8>,
+    ) -> Result<NonNull<u8>, AllocError> {
+        if pages == 0 || pages > USABLE_PAGES {
+            return Err(AllocError);
+        }
+        let inner = self.inner();
+        inner.shared.with(|s| {
+            // 1. First fit in an active region that has runs, then in an empty one
+            //    (reviving it): empty regions are used last, so that they can go back.
+            for want_empty in [false, true] {
+                let mut cursor = s.active.head;
+                while !cursor.is_null() {
+                    let r = cursor;
+                    // SAFETY: listed headers are mapped; `locked` is ours under the lock.
+                    let locked = unsafe { &mut (*r).locked };
+                    cursor = locked.next;
+                    if locked.dying || locked.free_pages < pages || (locked.slabs == 0) != want_empty {
+                        continue;
+                    }
+                    let Some(first) = find_run(&locked.used, pages) else { continue };
+                    // SAFETY: `rc` is the region's registered header, valid while the region
+                    // is on the active list (its release callback unlinks it under the lock
+                    // we hold, so it has not returned).
+                    let rc = unsafe { NonNull::from(&(*r).rc) };
+                    if locked.slabs == 0 {
+                        // SAFETY: as above: the callback cannot return while we hold the lock.
+                        if !unsafe { inner.refcache.try_revive(rc) } {
+                            locked.dying = true;
+                            continue;
+                        }
+                        // Relaxed: a statistic.
+                        inner.revivals.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        // SAFETY: the region has live runs, so its count is not zero (every
+                        // count change happens under this lock, matching `slabs`).
+                        unsafe { inner.refcache.inc(rc) };
+                    }
+                    // SAFETY: `r` is an active region with room at `first`.
+                    return Ok(unsafe { take_run(s, r, first, pages, init) });
+                }
+            }
+            // 2. A retained region, with a fresh count.
+            if !s.retained.head.is_null() {
+                let r = s.retained.head;
+                // SAFETY: `r` is on the retained list.
+                unsafe { s.retained.unlink(r) };
+                // SAFETY: the Refcache finished with the old header when its release
+                // callback returned (before the region was listed as retained), so we
+                // may write a new one and register it: count one, for the run below.
+                unsafe {
+                    ptr::addr_of_mut!((*r).rc).write(RcHeader::new::<RegionRelease>());
+                    (*r).locked.state = State::Active;
+                    inner.refcache.register(NonNull::from(&(*r).rc));
+                    s.active.push(r);
+                }
+                let first = HEADER_PAGES;
+                // SAFETY: a retained region has no runs: `first` starts a free stretch of
+                // `USABLE_PAGES >= pages`.
+                return Ok(unsafe { take_run(s, r, first, pages, init) });
+            }
+            // 3. A new region.
+            let r = map_region(s, inner)?;
+            // SAFETY: a fresh region: `first` starts a free stretch.
+            Ok(unsafe { take_run(s, r, HEADER_PAGES, pages, init) })
+        })
+    }
+
+    /// Takes back a run from [`alloc_run`](Self::alloc_run): the pages become free and
+    /// the region's count goes down by one (at zero, the region is released two epochs
+    /// later unless a run is taken from it first).
+    ///
+    /// # Safety
+    /// 1. `base` and `pages` are a run handed out by this manager's `alloc_run`, not yet
+    ///    freed.
+    /// 2. Nothing uses the run's memory any more (its page-map entries are cleared here).
+    pub(crate) unsafe fn free_run(&self, base: NonNull<u8>, pages: usize) {
+        let inner = self.inner();
+        let r = region_of(base.as_ptr() as usize) as *mut RegionHeader;
+        let first = (base.as_ptr() as usize - r as usize) / PAGE;
+        inner.shared.with(|s| {
+            // SAFETY: (1) the run lies in an active region of ours (its count is at least
+            // one for this run, so it is not released); `locked` is ours under the lock.
+            let locked = unsafe { &mut (*r).locked };
+            for page in first..first + pages {
+                locked.used[page / 64] &= !(1 << (page % 64));
+                // SAFETY: as above; `map` is only read through atomics.
+                // Relaxed: a free page's entry is read only by lookups, which hold the lock
+                // we hold (the unlocked reader, `owner_of`, is only for live runs).
+                unsafe { (*r).map[page].store(0, Ordering::Relaxed) };
+            }
+            locked.free_pages += pages;
+            locked.slabs -= 1;
+            s.runs -= 1;
+            // SAFETY: (1) we drop the reference the run held; the region is registered.
+            unsafe { inner.refcache.dec(NonNull::from(&(*r).rc)) };
+        });
+    }
+
+    /// The owner word of the page holding `ptr`, read without the lock (the free path).
+    ///
+    /// # Safety
+    /// `ptr` points into a run of this manager that is live (handed out and not freed)
+    /// and whose owner was set before the caller learnt of `ptr`.
+    #[inline]
+    pub(crate) unsafe fn owner_of(&self, ptr: *const u8) -> usize {
+        let base = region_of(ptr as usize);
+        let page = (ptr as usize - base) / PAGE;
+        // SAFETY: a live run keeps its region mapped and active; `page < PAGES`.
+        // Acquire: pairs with the Release store in `take_run`, so the owner's header is
+        // initialised before we follow the address.
+        unsafe { (*(base as *const RegionHeader)).map[page].load(Ordering::Acquire) }
+    }
+
+    /// Runs `f` with the owner of the page holding `ptr` (`None` if no live run of this
+    /// manager holds it), under the manager's lock, so that nothing `f` reads through the
+    /// owner can be unmapped or freed meanwhile. Safe for any pointer: it reads a region
+    /// header only after finding the region in the registry. `f` must not call into this
+    /// manager.
+    pub(crate) fn with_owner<R>(&self, ptr: *const u8, f: impl FnOnce(Option<NonNull<u8>>) -> R) -> R {
+        let me = self.inner.as_ptr().cast_const();
+        self.inner().shared.with(|s| {
+            let base = region_of(ptr as usize);
+            // SAFETY: `registry` is null or a mapping of REGISTRY_BYTES, ours under the lock.
+            if !unsafe { registry_contains(s.registry, base) } {
+                return f(None);
+            }
+            let r = base as *const RegionHeader;
+            // SAFETY: the registry says this manager mapped a region at `base` and has not
+            // unmapped it (unmapping clears the bit first, under this lock).
+            let (ident, state) = unsafe { (&(*r).ident, (*r).locked.state) };
+            let page = (ptr as usize - base) / PAGE;
+            if ident.magic != MAGIC || ident.manager != me || state != State::Active || page < HEADER_PAGES {
+                return f(None);
+            }
+            // SAFETY: as above. Relaxed: the entry was written under the lock we hold.
+            let owner = unsafe { (*r).map[page].load(Ordering::Relaxed) };
+            f(NonNull::new(owner as *mut u8))
+        })
+    }
+
+    /// Checks the invariants listed in the module documentation (1 to 4); panics if one
+    /// is broken. Safe to call at any time (it takes the lock).
+    ///
+    /// ```
+    /// let regions = scalemem::umem::region::Regions::new()?;
+    /// regions.assert_valid();
+    /// # Ok::<(), scalemem::util::AllocError>(())
+    /// ```
+    pub fn assert_valid(&self) {
+        let inner = self.inner();
+        let me = self.inner.as_ptr().cast_const();
+        inner.shared.with(|s| {
+            let mut runs = 0;
+            for (list, state) in [(&s.active, State::Active), (&s.retained, State::Retained)] {
+                let mut len = 0;
+                let mut cursor = list.head;
+                while !cursor.is_null() {
+                    let r = cursor;
+                    len += 1;
+                    // SAFETY: listed regions are mapped; under the lock.
+                    let (ident, locked) = unsafe { (&(*r).ident, &(*r).locked) };
+                    assert_eq!(ident.magic, MAGIC, "region: bad magic");
+                    assert_eq!(ident.manager, me, "region: wrong manager");
+                    assert_eq!(locked.state, state, "region: on the wrong list");
+                    // SAFETY: as above.
+                    assert!(unsafe { registry_contains(s.registry, r as usize) }, "region: not registered");
+                    if !locked.next.is_null() {
+                        // SAFETY: as above.
+                        assert_eq!(unsafe { (*locked.next).locked.prev }, r, "region: broken links");
+                    }
+                    let mut free = 0;
+                    let mut region_runs = 0;
+                    let mut previous = 0;
+                    for page in 0..PAGES {
+                        let used = locked.used[page / 64] & (1 << (page % 64)) != 0;
+                        // SAFETY: as above. Relaxed: written under the lock we hold.
+                        let owner = unsafe { (*r).map[page].load(Ordering::Relaxed) };
+                        if page < HEADER_PAGES {
+                            assert!(used && owner == 0, "region: header page free or owned");
+                            continue;
+                        }
+                        assert_eq!(used, owner != 0, "region: page map disagrees with the bitmap");
+                        if !used {
+                            free += 1;
+                        } else if owner != previous {
+                            region_runs += 1;
+                        }
+                        previous = owner;
+                    }
+                    assert_eq!(free, locked.free_pages, "region: free page count");
+                    assert_eq!(region_runs, locked.slabs, "region: run count");
+                    if state == State::Retained {
+                        assert!(region_runs == 0 && !locked.dying, "region: a retained region in use");
+                    }
+                    runs += region_runs;
+                    cursor = locked.next;
+                }
+                assert_eq!(len, list.len, "region: list length");
+            }
+            assert_eq!(runs, s.runs, "region: total runs");
+            // Relaxed: mapped only changes under the lock we hold.
+            assert_eq!(
+                inner.mapped.load(Ordering::Relaxed),
+                (s.active.len + s.retained.len) * REGION_SIZE,
+                "region: mapped bytes"
+            );
+        });
+    }
+
+    /// Invariant 5: flushes every CPU's cached deltas (by ticking until the epoch has
+    /// advanced twice; this may release regions), then checks that every active region's
+    /// Refcache count equals its runs. Call only when no other thread uses the manager.
+    ///
+    /// ```
+    /// let regions = scalemem::umem::region::Regions::builder()
+    ///     .refcache(scalemem::refcount::Config::manual())
+    ///     .build()?;
+    /// regions.assert_counts_settled();
+    /// # Ok::<(), scalemem::util::AllocError>(())
+    /// ```
+    pub fn assert_counts_settled(&self) {
+        let inner = self.inner();
+        let start = inner.refcache.epoch();
+        while inner.refcache.epoch() < start + 2 {
+            inner.refcache.tick();
+            crate::sync::yield_now();
+        }
+        inner.shared.with(|s| {
+            let mut cursor = s.active.head;
+            while !cursor.is_null() {
+                // SAFETY: listed regions are mapped; under the lock.
+                let (rc, locked) = unsafe { (&(*cursor).rc, &(*cursor).locked) };
+                if !locked.dying {
+                    assert_eq!(rc.global_count(), locked.slabs as isize, "region: Refcache count != live runs");
+                }
+                cursor = locked.next;
+            }
+        });
+    }
+}
+
+impl Inner {
+    /// The release callback's work (see the module documentation).
+    ///
+    /// # Safety
+    /// `this` is a live manager; `r` is one of its active regions whose count the
+    /// Refcache has just freed.
+    unsafe fn release(this: *const Inner, r: *mut RegionHeader) {
+        // SAFETY: fields of a live manager are reached one at a time: its drop holds a
+        // `&mut` to `refcache` only while this may run.
+        let (shared, stats) = unsafe { (&(*this).shared, StatsRef::of(this)) };
+        shared.with(|s| {
+            // SAFETY: `r` is an active region (the contract); under the lock.
+            unsafe { s.active.unlink(r) };
+            // SAFETY: as above.
+            let locked = unsafe { &mut (*r).locked };
+            debug_assert_eq!(locked.slabs, 0);
+            // Relaxed (stats): statistics.
+            stats.releases.fetch_add(1, Ordering::Relaxed);
+            if s.retained.len < s.retain_limit {
+                let body = HEADER_PAGES * PAGE;
+                // SAFETY: the pages past the header hold no runs (count zero), are
+                // page-aligned (PAGE is a multiple of the kernel's page on x86_64) and
+                // inside the region's mapping.
+                let ok = unsafe { os::dontneed(NonNull::new_unchecked((r as *mut u8).add(body)), REGION_SIZE - body) };
+                if ok {
+                    stats.returned.fetch_add(REGION_SIZE - body, Ordering::Relaxed);
+                }
+                locked.dying = false;
+                locked.state = State::Retained;
+                // SAFETY: `r` is on no list now.
+                unsafe { s.retained.push(r) };
+            } else {
+                // SAFETY: registry is non-null (the region was registered).
+                unsafe { registry_set(s.registry, r as usize, false) };
+                // SAFETY: the region was mapped by `map_region` with these arguments; it
+                // has no runs, is on no list and is unregistered, and the Refcache never
+                // touches the header after this callback.
+                unsafe { os::unmap_aligned(NonNull::new_unchecked(r.cast()), REGION_SIZE, REGION_SIZE) };
+                stats.unmapped.fetch_add(REGION_SIZE, Ordering::Relaxed);
+                stats.mapped.fetch_sub(REGION_SIZE, Ordering::Relaxed);
+            }
+        });
+    }
+}
+
+/// The counters of an `Inner`, reached field by field from a raw pointer.
+struct StatsRef<'a> {
+    mapped: &'a AtomicUsize,
+    returned: &'a AtomicUsize,
+    unmapped: &'a AtomicUsize,
+    releases: &'a AtomicUsize,
+}
+
+impl StatsRef<'_> {
+    /// # Safety
+    /// `this` is a live manager.
+    unsafe fn of<'a>(this: *const Inner) -> StatsRef<'a> {
+        // SAFETY: the caller's; each field is an atomic, shared freely.
+        unsafe {
+            StatsRef {
+                mapped: &(*this).mapped,
+                returned: &(*this).returned,
+                unmapped: &(*this).unmapped,
+                releases: &(*this).releases,
+            }
+        }
+    }
+}
+
+impl Drop for Regions {
+    fn drop(&mut self) {
+        let inner = self.inner.as_ptr();
+        // Dropping the Refcache releases every region whose count is zero (the callback
+        // reaches `shared` and the counters, not `refcache`). Slab caches borrow the
+        // manager, so they have all been dropped and given their runs back.
+        // SAFETY: `&mut self`: nothing else uses the Refcache; it is dropped once.
+        unsafe { ManuallyDrop::drop(&mut (*inner).refcache) };
+        // SAFETY: `&mut self` and the Refcache is gone: no callback can run any more.
+        let s = unsafe { (*inner).shared.get_mut() };
+        for list in [&mut s.active, &mut s.retained] {
+            while !list.head.is_null() {
+                let r = list.head;
+                // SAFETY: `r` is on `list`; exclusive access.
+                unsafe { list.unlink(r) };
+                // SAFETY: mapped by `map_region`; a region still active here had runs
+                // leaked by a forgotten slab cache, which nobody can reach any more.
+                unsafe { os::unmap_aligned(NonNull::new_unchecked(r.cast()), REGION_SIZE, REGION_SIZE) };
+            }
+        }
+        if let Some(registry) = NonNull::new(s.registry) {
+            // SAFETY: mapped in `map_region` with this length; no region is left.
+            unsafe { os::unmap(registry.cast(), REGISTRY_BYTES) };
+        }
+        // SAFETY: mapped in `build` with this length; `inner` holds nothing that needs
+        // dropping any more (the lock and counters are plain words), and nothing refers to it.
+        unsafe { os::unmap(self.inner.cast(), size_of::<Inner>()) };
+    }
+}
+
+/// The base of the region that would hold `addr`.
+#[inline]
+fn region_of(addr: usize) -> usize {
+    addr & !(REGION_SIZE - 1)
+}
+
+/// The first stretch of `pages` free pages (past the header) in `used`.
+fn find_run(used: &[u64; USED_WORDS], pages: usize) -> Option<usize> {
+    let mut len = 0;
+    for page in HEADER_PAGES..PAGES {
+        if used[page / 64] & (1 << (page % 64)) != 0 {
+            len = 0;
+        } else {
+            len += 1;
+            if len == pages {
+                return Some(page + 1 - pages);
+            }
+        }
+    }
+    None
+}
+
+/// Marks `pages` pages from `first` as a run, lets `init` write its owner, names the owner
+/// in the page map, counts the run, and returns its base.
+///
+/// # Safety
+/// Under the lock; `r` is an active region whose count already includes this run, and
+/// `first .. first + pages` are free pages past its header.
+unsafe fn take_run(
+    s: &mut Shared,
+    r: *mut RegionHeader,
+    first: usize,
+    pages: usize,
+    init: impl FnOnce(NonNull<u8>) -> NonNull<u8>,
+) -> NonNull<u8> {
+    // SAFETY: the region is mapped; `first` is inside it.
+    let base = unsafe { NonNull::new_unchecked((r as *mut u8).add(first * PAGE)) };
+    let owner = init(base).as_ptr() as usize;
+    // SAFETY: under the lock.
+    let locked = unsafe { &mut (*r).locked };
+    for page in first..first + pages {
+        debug_assert!(locked.used[page / 64] & (1 << (page % 64)) == 0);
+        locked.used[page / 64] |= 1 << (page % 64);
+        // SAFETY: the region is mapped. Release: pairs with the Acquire load in
+        // `owner_of` (the free path follows the address to the slab header).
+        unsafe { (*r).map[page].store(owner, Ordering::Release) };
+    }
+    locked.free_pages -= pages;
+    locked.slabs += 1;
+    s.runs += 1;
+    base
+}
+
+/// Maps a new region, registers it and lists it as active with a count of one (for the
+/// run the caller takes next). Changes nothing if the kernel refuses.
+fn map_region(s: &mut Shared, inner: &Inner) -> Result<*mut RegionHeader, AllocError> {
+    if s.registry.is_null() {
+        s.registry = os::map(REGISTRY_BYTES)?.as_ptr().cast();
+    }
+    let base = os::map_aligned(REGION_SIZE, REGION_SIZE)?;
+    let addr = base.as_ptr() as usize;
+    if addr >> ADDRESS_BITS != 0 {
+        // Out of the registry's range (5-level paging handing out high addresses).
+        // SAFETY: just mapped with these arguments, unused.
+        unsafe { os::unmap_aligned(base, REGION_SIZE, REGION_SIZE) };
+        return Err(AllocError);
+    }
+    let r = base.as_ptr().cast::<RegionHeader>();
+    let mut used = [0u64; USED_WORDS];
+    for page in 0..HEADER_PAGES {
+        used[page / 64] |= 1 << (page % 64);
+    }
+    let header = RegionHeader {
+        rc: RcHeader::new::<RegionRelease>(),
+        ident: Ident { magic: MAGIC, manager: inner },
+        locked: Locked {
+            prev: ptr::null_mut(),
+            next: ptr::null_mut(),
+            state: State::Active,
+            dying: false,
+            slabs: 0,
+            free_pages: USABLE_PAGES,
+            used,
+        },
+        map: core::array::from_fn(|_| AtomicUsize::new(0)),
+    };
+    // SAFETY: a fresh, aligned mapping of REGION_SIZE bytes, larger than the header; the
+    // registry is mapped (above) and ours under the lock.
+    unsafe {
+        r.write(header);
+        registry_set(s.registry, addr, true);
+        inner.refcache.register(NonNull::from(&(*r).rc));
+        s.active.push(r);
+    }
+    // Relaxed: statistics.
+    inner.mapped.fetch_add(REGION_SIZE, Ordering::Relaxed);
+    inner.maps.fetch_add(1, Ordering::Relaxed);
+    Ok(r)
+}
+
+/// Whether the registry has a region at `base`'s region.
+///
+/// # Safety
+/// `registry` is null or a mapping of `REGISTRY_BYTES` bytes; the manager's lock is held.
+unsafe fn registry_contains(registry: *const u64, addr: usize) -> bool {
+    if cfg!(scalemem_loom) {
+        return !registry.is_null() && addr != 0;
+    }
+    let index = addr >> REGION_SIZE.trailing_zeros();
+    if registry.is_null() || index >= REGISTRY_BITS {
+        return false;
+    }
+    // SAFETY: `index / 64 < REGISTRY_BITS / 64`, inside the mapping.
+    unsafe { *registry.add(index / 64) & (1 << (index % 64)) != 0 }
+}
+
+/// Sets or clears the registry bit of the region at `base`.
+///
+/// # Safety
+/// `registry` is a mapping of `REGISTRY_BYTES` bytes; the manager's lock is held (or
+/// access is exclusive); `base >> ADDRESS_BITS == 0`.
+unsafe fn registry_set(registry: *mut u64, base: usize, on: bool) {
+    if cfg!(scalemem_loom) {
+        return;
+    }
+    let index = base >> REGION_SIZE.trailing_zeros();
+    debug_assert!(index < REGISTRY_BITS);
+    // SAFETY: inside the mapping (the contract).
+    let word = unsafe { &mut *registry.add(index / 64) };
+    if on {
+        *word |= 1 << (index % 64);
+    } else {
+        *word &= !(1 << (index % 64));
+    }
+}
