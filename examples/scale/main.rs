@@ -35,7 +35,7 @@ mod report;
 mod rwlock;
 
 use std::cell::RefCell;
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -163,13 +163,17 @@ fn parse_args(args: Vec<String>) -> Result<Config, String> {
     })
 }
 
-/// The progress line on stderr, rewritten in place with `\r`.
+/// The progress line on stderr, rewritten in place with `\r`. When stderr is not a
+/// terminal (a CI log), one line per group instead.
 struct Progress {
     start: Instant,
     /// Planned seconds of the whole run and of what is done.
     planned: f64,
     done: f64,
     width: usize,
+    terminal: bool,
+    /// The group of the last line shown (non-terminal mode).
+    last_group: String,
 }
 
 impl Progress {
@@ -179,6 +183,14 @@ impl Progress {
         let pace = if self.done > 1.0 { (elapsed / self.done).clamp(0.5, 5.0) } else { 1.0 };
         let left = ((self.planned - self.done).max(0.0) * pace) as u64;
         let line = format!("[{:>3}s] {what} | about {}m{:02}s left", elapsed as u64, left / 60, left % 60);
+        if !self.terminal {
+            let group = what.split(':').next().unwrap_or_default();
+            if group != self.last_group {
+                self.last_group = group.to_owned();
+                eprintln!("{line}");
+            }
+            return;
+        }
         let pad = self.width.saturating_sub(line.chars().count());
         self.width = line.chars().count();
         let mut err = std::io::stderr().lock();
@@ -187,6 +199,9 @@ impl Progress {
     }
 
     fn clear(&mut self) {
+        if !self.terminal {
+            return;
+        }
         let mut err = std::io::stderr().lock();
         let _ = write!(err, "\r{:width$}\r", "", width = self.width);
         let _ = err.flush();
@@ -273,7 +288,14 @@ fn main() {
         threads: config.threads.clone(),
         secs: config.secs,
         reps: config.reps,
-        progress: RefCell::new(Progress { start: Instant::now(), planned: 0.0, done: 0.0, width: 0 }),
+        progress: RefCell::new(Progress {
+            start: Instant::now(),
+            planned: 0.0,
+            done: 0.0,
+            width: 0,
+            terminal: std::io::stderr().is_terminal(),
+            last_group: String::new(),
+        }),
     };
     let cell_cost = (config.secs + CELL_OVERHEAD) * config.reps as f64;
     ctx.progress.borrow_mut().planned = selected

@@ -34,6 +34,17 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(150, 150, 150),
 ];
 
+/// The stroke width of plotted data, and only of plotted data (the mesh and axes are 1,
+/// the legend's samples 3): [`tag_series`] finds the data's polylines by it.
+const SERIES_WIDTH: u32 = 2;
+
+/// Marks the polylines of plotted data with `class="series"`, so that the page (and
+/// `ci/report.sh`, through it) can tell them from the mesh and the legend.
+fn tag_series(svg: String) -> String {
+    let width = format!(" stroke-width=\"{SERIES_WIDTH}\"");
+    svg.replace(&width, &format!(" class=\"series\"{width}"))
+}
+
 /// One line: a name and its points (x, y).
 struct Series {
     name: String,
@@ -43,7 +54,7 @@ struct Series {
 /// The group's plot as an SVG document (an SVG with an error message if plotting fails).
 pub fn group_svg(group: &GroupReport, threads: &[usize]) -> String {
     let result = if group.stalled.is_empty() { rates_svg(group, threads) } else { stalled_svg(group) };
-    result.unwrap_or_else(|error| {
+    result.map(tag_series).unwrap_or_else(|error| {
         format!(
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"40\"><text x=\"10\" y=\"25\">\
              plot failed: {}</text></svg>",
@@ -179,7 +190,7 @@ where
         .draw()?;
     for (i, s) in series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        let style = ShapeStyle::from(&color).stroke_width(2);
+        let style = ShapeStyle::from(&color).stroke_width(SERIES_WIDTH);
         let split = parallel_to.map_or(s.points.len(), |p| s.points.iter().filter(|q| q.0 <= p).count());
         chart.draw_series(LineSeries::new(s.points[..split].iter().copied(), style))?;
         if split < s.points.len() {

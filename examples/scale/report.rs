@@ -327,18 +327,26 @@ fn html_group(s: &mut String, group: &GroupReport) {
     s.push_str("</section>\n");
 }
 
-/// Marks each figure with how many of its lines the browser laid out with a nonzero
-/// length, so that a headless browser's dumped DOM shows that the plots rendered
-/// (`ci/report.sh` checks `data-rendered-lines`).
+/// Marks each figure with what the browser laid out: how many data polylines (`class=
+/// "series"`, see `plot.rs`) have a nonzero length and box, how many distinct series
+/// (colours) those belong to, and the SVG's rendered size; so a headless browser's dumped
+/// DOM shows whether the plots rendered (`ci/report.sh` checks these attributes).
 const RENDER_CHECK: &str = r#"<script>
 for (const figure of document.querySelectorAll("figure.plot")) {
   let lines = 0;
-  for (const line of figure.querySelectorAll("svg polyline, svg path")) {
-    try { if (line.getTotalLength() > 0 && line.getBBox().width > 0) lines++; } catch (e) {}
+  const series = new Set();
+  for (const line of figure.querySelectorAll("svg polyline.series")) {
+    try {
+      if (line.getTotalLength() > 0 && (line.getBBox().width > 0 || line.getBBox().height > 0)) {
+        lines++;
+        series.add(line.getAttribute("stroke"));
+      }
+    } catch (e) {}
   }
   const svg = figure.querySelector("svg");
   const box = svg ? svg.getBoundingClientRect() : { width: 0, height: 0 };
   figure.dataset.renderedLines = String(lines);
+  figure.dataset.renderedSeries = String(series.size);
   figure.dataset.renderedSize = Math.round(box.width) + "x" + Math.round(box.height);
 }
 document.body.dataset.renderCheck = "done";
