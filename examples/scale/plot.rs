@@ -45,6 +45,17 @@ fn tag_series(svg: String) -> String {
     svg.replace(&width, &format!(" class=\"series\"{width}"))
 }
 
+/// An axis label: 2.5, 40, 1.2k, 3M.
+fn compact(y: f64) -> String {
+    let trim = |s: String| if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.').to_owned() } else { s };
+    match y.abs() {
+        a if a >= 1e6 => format!("{}M", trim(format!("{:.1}", y / 1e6))),
+        a if a >= 1e3 => format!("{}k", trim(format!("{:.1}", y / 1e3))),
+        a if a >= 1.0 || a == 0.0 => trim(format!("{y:.1}")),
+        _ => trim(format!("{y:.3}")),
+    }
+}
+
 /// One line: a name and its points (x, y).
 struct Series {
     name: String,
@@ -186,6 +197,7 @@ where
         .y_desc(y_desc)
         .x_labels(x_ticks.max(2))
         .x_label_formatter(x_label)
+        .y_label_formatter(&|y: &f64| compact(*y))
         .light_line_style(RGBColor(235, 235, 235))
         .draw()?;
     for (i, s) in series.iter().enumerate() {

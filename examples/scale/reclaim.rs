@@ -696,7 +696,8 @@ pub fn stalled_group(ctx: &Ctx) -> GroupReport {
             "one thread protects (pins) the slot's node and stops; one writer swaps in a fresh 16-byte node and \
              retires the old one for {} s or {} retires, whichever comes first; each node counts its own drop. \
              Counts of objects, not rates. Own domain/collector per cell (haphazard: its global domain).",
-            ctx.secs, RETIRE_CAP
+            ctx.secs,
+            crate::report::fmt_count(RETIRE_CAP as f64)
         ),
         stalled: rows,
         ..GroupReport::default()
