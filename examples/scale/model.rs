@@ -35,6 +35,7 @@ pub struct LatencyCell {
     pub threads: usize,
     pub mean_ns: Measure,
     pub p99_ns: Measure,
+    pub max_ns: Measure,
     pub writes: Measure,
     pub parallel: bool,
 }

@@ -166,7 +166,8 @@ fn latency_cell(cell: &crate::model::LatencyCell) -> String {
 }
 
 const LATENCY_TITLE: &str = "writer latency with readers active: one write every 50 us on thread 0 while the \
-other threads read; mean / p99 in ns (medians over the repetitions)";
+other threads read; mean / p99 in ns (medians over the repetitions). A few very slow writes (a reader \
+preempted inside its read section, on an oversubscribed machine) can pull the mean above the p99.";
 
 const STALLED_COLUMNS: [&str; 4] =
     ["retired", "max unreclaimed", "unreclaimed at end (reader still stalled)", "alive after teardown"];
@@ -293,9 +294,10 @@ fn html_group(s: &mut String, group: &GroupReport) {
             for cell in &row.cells {
                 let _ = write!(
                     s,
-                    "<td class=\"{}\" title=\"writes timed: {}\">{}</td>",
+                    "<td class=\"{}\" title=\"writes timed: {}; slowest: {} ns\">{}</td>",
                     if cell.parallel { "par" } else { "nonpar" },
                     fmt_count(cell.writes.median),
+                    fmt_count(cell.max_ns.median),
                     escape(&latency_cell(cell))
                 );
             }
@@ -462,6 +464,7 @@ fn group_json(group: &GroupReport) -> Json {
                                 ("readers", Json::Num(c.threads as f64 - 1.0)),
                                 ("mean_ns", measure_json(&c.mean_ns)),
                                 ("p99_ns", measure_json(&c.p99_ns)),
+                                ("max_ns", measure_json(&c.max_ns)),
                                 ("writes_timed", measure_json(&c.writes)),
                                 ("parallel", Json::Bool(c.parallel)),
                             ])

@@ -102,6 +102,7 @@ fn read_cell<L: Lock>(threads: usize, secs: f64) -> Run {
 pub struct Latency {
     mean_ns: f64,
     p99_ns: f64,
+    max_ns: f64,
     writes: usize,
 }
 
@@ -142,6 +143,7 @@ fn latency_cell<L: Lock>(threads: usize, secs: f64) -> Latency {
     Latency {
         mean_ns: latencies.iter().sum::<f64>() / writes as f64,
         p99_ns: latencies.get(((writes as f64 * 0.99) as usize).min(writes - 1)).copied().unwrap_or(f64::NAN),
+        max_ns: latencies.last().copied().unwrap_or(f64::NAN),
         writes: latencies.len(),
     }
 }
@@ -173,6 +175,7 @@ pub fn group(ctx: &Ctx) -> GroupReport {
                     threads,
                     mean_ns: Measure::of(reps.iter().map(|r| r.mean_ns).collect()),
                     p99_ns: Measure::of(reps.iter().map(|r| r.p99_ns).collect()),
+                    max_ns: Measure::of(reps.iter().map(|r| r.max_ns).collect()),
                     writes: Measure::of(reps.iter().map(|r| r.writes as f64).collect()),
                     parallel: true,
                 })
