@@ -11,9 +11,9 @@
 //! barrier and repeat the operation until a stop flag is raised `--secs` later; a cell
 //! is the median of `--reps` repetitions, shown with the largest deviation from the
 //! median. Before and after each group a probe runs independent spin loops on each thread
-//! count and compares their total rate with one thread's; cells whose thread count did
-//! not get at least 90% of the ideal speedup in both probes are marked `†` (on a 2-core
-//! machine, every cell past 2 threads is).
+//! count and compares their total rate with one thread's; cells whose thread count
+//! exceeds the CPUs available, or did not get at least 90% of the ideal speedup in both
+//! probes, are marked `†` (on a 2-core machine, every cell past 2 threads is).
 //!
 //! Output: markdown tables on stdout, and under `--out` (default
 //! `target/scale-report/`): `index.html` (plots, tables, machine), one SVG per group,

@@ -16,8 +16,8 @@ pub const MARK: &str = "†";
 pub const LEGEND: &str = "Cells: median over the repetitions of the total rate over all threads in Mops/s, \
 ± the largest deviation of a repetition from that median, and in brackets the time per operation as one \
 thread sees it (threads × elapsed / operations). † marks a cell run on more threads than the parallelism \
-probe (independent spin loops on that many threads, before and after the group) saw running at once: at \
-least 0.9 × T times one loop's rate is required.";
+probe (independent spin loops on that many threads, before and after the group) saw running at once: it \
+requires T no larger than the CPUs available and, both times, at least 0.9 × T times one loop's rate.";
 
 /// HTML-escapes text.
 pub fn escape(text: &str) -> String {
@@ -123,7 +123,7 @@ pub fn markdown_header(config: &Config, machine: &Machine) -> String {
     let _ = writeln!(s, "Machine: {}\n", fields.join("; "));
     let crates: Vec<String> = machine.crates.iter().map(|(k, v)| format!("{k} {v}")).collect();
     let _ = writeln!(s, "Peers: {}\n", crates.join(", "));
-    let _ = write!(s, "{LEGEND}");
+    let _ = writeln!(s, "{LEGEND}");
     s
 }
 
