@@ -125,8 +125,10 @@ pub struct CollectorStats {
     pub epoch: usize,
     /// Successful advances so far.
     pub advances: usize,
-    /// Thread records mapped (they are reused, so this is the peak of `threads`, rounded
-    /// up to a page of records).
+    /// Thread records mapped. They are reused, so this follows the peak of `threads`:
+    /// a thread that registers while no record is free maps a page of 31, and threads
+    /// that do so at the same moment map one page each, so it is at most 31 times the
+    /// peak number of threads registered at once.
     pub records: usize,
     /// Records claimed now: registered threads, plus any kept by a leaked guard.
     pub threads: usize,

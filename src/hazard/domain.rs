@@ -275,7 +275,8 @@ pub const SLOTS_PER_RECORD: usize = cfg::SLOTS;
 pub struct DomainStats {
     /// `H`: hazard slots in the domain (every record's, taken or not).
     pub hazards: usize,
-    /// Records mapped (reused after thread exit, so this is the peak of `threads`).
+    /// Records mapped (reused after thread exit, so this follows the peak of `threads`;
+    /// threads that find no free record at the same moment map a page of 15 each).
     pub records: usize,
     /// Records claimed now (threads that use the domain, plus overflow records).
     pub threads: usize,
