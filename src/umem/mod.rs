@@ -54,6 +54,7 @@ mod depot;
 mod magazine;
 pub mod os;
 pub mod region;
+pub mod sizeclass;
 pub mod slab;
 pub mod vmem;
 
