@@ -173,12 +173,22 @@ fn grow_and_shrink_in_place_keep_contents() {
     fill(b, 512 << 10, 3);
     assert!(!heap.grow_in_place(a, 768 << 10, 1 << 20));
     assert_eq!(heap.usable_size(a), Some(768 << 10));
+    let c = heap.alloc(256 << 10, PAGE).unwrap();
+    assert_eq!(addr(c), addr(b) + (512 << 10));
     heap.free(b).unwrap();
+    // b is cached but c is live: not enough room, and b stays cached as it was.
+    assert!(!heap.grow_in_place(a, 768 << 10, 2 << 20));
+    assert_eq!(heap.stats().dirty, 512 << 10);
+    heap.assert_valid();
     assert!(heap.grow_in_place(a, 768 << 10, 1 << 20));
     check(a, 768 << 10, 2);
     assert_eq!(heap.usable_size(a), Some(1 << 20));
     assert_eq!(heap.stats().dirty, 0, "the cached neighbour was absorbed");
+    assert_eq!(heap.stats().in_use, (768 << 10) + (512 << 10) + (256 << 10));
     heap.assert_valid();
+
+    heap.free(c).unwrap();
+    heap.purge();
 
     // Shrinking gives trailing pieces back and keeps the front.
     assert!(heap.shrink_in_place(a, 1 << 20, 100_000));

@@ -683,31 +683,42 @@ impl LargeHeap {
             }
             let mut reserved = live.reserved;
             let end = base + reserved;
-            if let Some(i) = inner.cache().iter().position(|c| c.base == end) {
-                let c = inner.take_cached(i);
-                // Its later pieces are already in the table; its head becomes a piece.
-                inner.pieces.insert(c.base, c.head);
-                reserved += c.reserved;
-                inner.in_use += c.reserved;
-            }
+            let absorbed = match inner.cache().iter().position(|c| c.base == end) {
+                Some(i) => {
+                    let c = inner.take_cached(i);
+                    // Its later pieces are already in the table; its head becomes a piece.
+                    inner.pieces.insert(c.base, c.head);
+                    reserved += c.reserved;
+                    Some(c)
+                }
+                None => None,
+            };
             if reserved < n {
                 let at = base + reserved;
                 let d = n - reserved;
                 let window = Constraints { min_addr: at, max_addr: at + d, ..Constraints::default() };
-                if let Ok(got) = vmem.xalloc(d, &window) {
-                    debug_assert_eq!(got, at);
-                    inner.pieces.insert(at, d);
-                    reserved += d;
-                    inner.in_use += d;
+                match vmem.xalloc(d, &window) {
+                    Ok(got) => {
+                        debug_assert_eq!(got, at);
+                        inner.pieces.insert(at, d);
+                        reserved += d;
+                    }
+                    Err(_) => {
+                        // Not enough room after all: put the absorbed block back as it was.
+                        if let Some(c) = absorbed {
+                            inner.pieces.remove(c.base);
+                            inner.push_cached(c);
+                        }
+                        return false;
+                    }
                 }
             }
+            inner.in_use += reserved - live.reserved;
             if let Some(l) = inner.live.get_mut(base) {
                 l.reserved = reserved;
-                if reserved >= n {
-                    l.usable = n;
-                }
+                l.usable = n;
             }
-            reserved >= n
+            true
         })
     }
 
