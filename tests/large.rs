@@ -14,7 +14,7 @@ use std::ptr::NonNull;
 use std::time::Duration;
 
 use common::counting_alloc::{Counting, allocations_in};
-use scalemem::umem::large::{LargeConfig, LargeError, LargeHeap, MAX_ALIGN, now_ns};
+use scalemem::umem::large::{CACHE_SLOTS, LargeConfig, LargeError, LargeHeap, MAX_ALIGN, now_ns};
 use scalemem::umem::os::testing;
 
 #[global_allocator]
@@ -97,6 +97,33 @@ fn reuse_makes_no_new_maps() {
     assert_eq!(s2.unmaps, 0, "steady state unmapped spans");
     assert_eq!(s2.reused, s.reused + 100);
     assert_eq!(s2.reused, 19 * sizes.len() + 100);
+}
+
+#[test]
+fn a_full_cache_releases_its_oldest_block() {
+    let heap = LargeHeap::new(patient()).unwrap();
+    let n = CACHE_SLOTS + 8;
+    let blocks: Vec<_> = (0..n).map(|_| heap.alloc(132 << 10, 8).unwrap()).collect();
+    for (i, &p) in blocks.iter().enumerate() {
+        fill(p, PAGE, i as u8);
+    }
+    for &p in &blocks {
+        heap.free(p).unwrap();
+    }
+    let s = heap.stats();
+    assert_eq!((s.live, s.released), (0, 8));
+    assert_eq!(s.dirty, CACHE_SLOTS * (132 << 10));
+    heap.assert_valid();
+    // The oldest went: the first eight blocks are no longer cached, the rest are reused.
+    let again: Vec<_> = (0..CACHE_SLOTS).map(|_| heap.alloc(132 << 10, 8).unwrap()).collect();
+    assert_eq!(heap.stats().reused, s.reused + CACHE_SLOTS);
+    for p in &again {
+        assert!(!blocks[..8].contains(p), "a released block came back from the cache");
+    }
+    for p in again {
+        heap.free(p).unwrap();
+    }
+    heap.assert_valid();
 }
 
 #[test]
@@ -215,6 +242,8 @@ fn decay_returns_pages_and_the_span_is_reused() {
     fill(p, len, 0xEE);
     assert_eq!(resident_pages(p, len), len / PAGE);
     heap.free(p).unwrap();
+    // Decay runs inside the free itself once its deadline (here: at once) has passed.
+    assert_eq!(heap.stats().madvised, len);
     heap.decay();
     let s = heap.stats();
     assert_eq!((s.dirty, s.madvised, s.purged), (0, len, 1));
