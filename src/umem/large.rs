@@ -26,7 +26,8 @@
 //!   and aligned to it. `release` unmaps. It counts maps, unmaps and mapped bytes.
 //! - **The arena**: a [`Vmem`] with the page as its quantum, importing from the chunks.
 //!   Each block is one or more allocated vmem segments ("pieces", more than one only after
-//!   [`LargeHeap::grow_in_place`] took the free segment after a block). Alignment comes
+//!   [`LargeHeap::grow_in_place`] took the free segment, or absorbed the cached block,
+//!   right after a block). Alignment comes
 //!   from `xalloc`'s `align`; the arena imports a span with `align - page` bytes of slack
 //!   for a stricter alignment (address space only: untouched pages cost no memory).
 //! - **The block tables**: vmem's hash knows each segment's size but does not expose it,
@@ -58,8 +59,8 @@
 //! next deadline has passed, so no background thread is needed): a block dirty for at
 //! least [`LargeConfig::decay`] (default 10 s, jemalloc's `dirty_decay_ms`) is madvised;
 //! a block cached for at least [`LargeConfig::release`] (default 30 s) is released. Both
-//! are counted from the free. A decay time of 0 madvises at the next operation; a release
-//! time of 0 releases at the next operation. When the cache is full, a free releases the
+//! are counted from the free. A decay time of 0 madvises a block inside the free that
+//! caches it; a release time of 0 releases it there. When the cache is full, a free releases the
 //! oldest cached block at once; when the arena cannot serve an allocation (the kernel
 //! refused a map), the whole cache is released and the allocation retried once.
 //!
@@ -67,7 +68,8 @@
 //!
 //! 1. Every block, live or cached, is a run of allocated arena segments that tile
 //!    `[base, base + reserved)`: the first piece of the recorded head size, then the
-//!    pieces in the piece table. Blocks do not overlap.
+//!    pieces in the piece table. Blocks do not overlap (vmem hands out disjoint
+//!    segments; the random model test also checks it against its own map of ranges).
 //! 2. The arena's allocated bytes equal the reserved bytes of the live and cached blocks.
 //! 3. A live block has `page <= usable <= reserved`, both page multiples; `in use` is the
 //!    sum of the reserved bytes of live blocks, `dirty` and `madvised` the sums over the
@@ -86,7 +88,7 @@
 //! | size that overflows when rounded to pages and aligned, or above `isize::MAX` | [`LargeError::Overflow`] |
 //! | alignment not a power of two, or above [`MAX_ALIGN`] (1 GiB) | [`LargeError::BadAlign`] |
 //! | free (or resize, or `usable_size`) of an address that is not a live block | [`LargeError::NotAllocated`] (`false`/`None` for the resize and query calls) |
-//! | the kernel refuses memory | [`LargeError::OutOfMemory`]; the heap is unchanged and usable |
+//! | the kernel refuses memory | [`LargeError::OutOfMemory`]; the heap stays consistent and usable (its cache may have been released) |
 //!
 //! # Concurrency
 //!
@@ -116,6 +118,16 @@ pub const MAX_ALIGN: usize = 1 << 30;
 pub const CACHE_SLOTS: usize = 512;
 
 /// Why a large-heap operation failed. Every error leaves the heap consistent.
+///
+/// ```
+/// use scalemem::umem::large::{LargeConfig, LargeError, LargeHeap};
+///
+/// let heap = LargeHeap::new(LargeConfig::default())?;
+/// let err = heap.alloc(4096, 1 << 31).unwrap_err();
+/// assert_eq!(err, LargeError::BadAlign);
+/// assert_eq!(err.to_string(), "large heap: alignment not a power of two or above 1 GiB");
+/// # Ok::<(), LargeError>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LargeError {
@@ -149,6 +161,17 @@ impl core::fmt::Display for LargeError {
 impl std::error::Error for LargeError {}
 
 /// Tuning for a [`LargeHeap`].
+///
+/// ```
+/// use core::time::Duration;
+/// use scalemem::umem::large::LargeConfig;
+///
+/// let c = LargeConfig::default();
+/// assert_eq!((c.decay, c.release, c.chunk), (Duration::from_secs(10), Duration::from_secs(30), 2 << 20));
+/// // Return memory as soon as possible (jemalloc's `dirty_decay_ms:0`):
+/// let eager = LargeConfig { decay: Duration::ZERO, release: Duration::ZERO, ..c };
+/// # let _ = eager;
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LargeConfig {
     /// How long a freed block stays dirty (committed) before decay madvises it (default
