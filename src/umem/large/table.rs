@@ -187,3 +187,52 @@ impl<V: Copy> Drop for Table<V> {
         }
     }
 }
+
+#[cfg(all(test, not(scalemem_loom)))]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::Table;
+
+    /// Random inserts, replacements and removals of page-aligned keys (many colliding in
+    /// the hash), checked against a `BTreeMap` after every step, through several growths.
+    #[test]
+    fn matches_a_btreemap() {
+        let mut table: Table<usize> = Table::new();
+        let mut model = BTreeMap::new();
+        let mut x = 0x1234_5678_9abc_def1u64;
+        for step in 0..40_000usize {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Keys from a small range so that removals hit and probe runs wrap.
+            let key = (1 + (x as usize % 3000)) << 12;
+            if x % 3 == 0 {
+                assert_eq!(table.remove(key), model.remove(&key), "step {step}");
+            } else {
+                table.reserve(1).unwrap();
+                table.insert(key, step);
+                model.insert(key, step);
+            }
+            if step % 1000 == 0 {
+                assert_eq!(table.len, model.len());
+                for (&k, &v) in &model {
+                    assert_eq!(table.get(k), Some(v));
+                }
+                let mut n = 0;
+                table.for_each(|k, v| {
+                    assert_eq!(model.get(&k), Some(&v));
+                    n += 1;
+                });
+                assert_eq!(n, model.len());
+            }
+        }
+        for (&k, &v) in &model {
+            assert_eq!(table.get(k), Some(v));
+            *table.get_mut(k).unwrap() += 1;
+            assert_eq!(table.remove(k), Some(v + 1));
+        }
+        assert_eq!(table.len, 0);
+        assert_eq!(table.get(4096), None);
+    }
+}
