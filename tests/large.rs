@@ -99,6 +99,63 @@ fn reuse_makes_no_new_maps() {
     assert_eq!(s2.reused, 19 * sizes.len() + 100);
 }
 
+/// Minor page faults taken by this thread so far.
+fn minor_faults() -> i64 {
+    // SAFETY: `getrusage` writes one `rusage` into the zeroed value we pass.
+    unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_THREAD, &mut usage), 0);
+        usage.ru_minflt
+    }
+}
+
+/// BENCHMARKING.md's large-request workload as a behaviour check: 2 MiB requests that
+/// write 5 pages and free, with 1 and with 4 blocks live. After warm-up the blocks come
+/// back committed from the cache: no maps, and (almost) no page faults.
+#[test]
+fn large_request_loop_takes_no_faults() {
+    let heap = LargeHeap::new(patient()).unwrap();
+    for live in [1, 4] {
+        let run = |rounds: usize| {
+            for _ in 0..rounds {
+                let blocks: Vec<_> = (0..live).map(|_| heap.alloc(2 << 20, 8).unwrap()).collect();
+                for &p in &blocks {
+                    for page in 0..5 {
+                        // SAFETY: a live 2 MiB block.
+                        unsafe { p.as_ptr().add(page * PAGE).write(page as u8) };
+                    }
+                }
+                for p in blocks {
+                    heap.free(p).unwrap();
+                }
+            }
+        };
+        run(2);
+        let (maps, faults) = (heap.stats().maps, minor_faults());
+        run(200);
+        let faults = minor_faults() - faults;
+        assert_eq!(heap.stats().maps, maps, "{live} live: the loop mapped new spans");
+        // A few faults may come from elsewhere in the thread (the Vec of blocks, the stack).
+        assert!(faults < 20, "{live} live: {faults} minor faults for 200 rounds");
+    }
+    // The control: with a decay time of 0 every free madvises, so every round faults its
+    // five pages in again (and still maps nothing).
+    let eager = LargeHeap::new(LargeConfig { decay: Duration::ZERO, release: HOUR, ..LargeConfig::default() }).unwrap();
+    let p = eager.alloc(2 << 20, 8).unwrap();
+    eager.free(p).unwrap();
+    let (maps, faults) = (eager.stats().maps, minor_faults());
+    for _ in 0..50 {
+        let p = eager.alloc(2 << 20, 8).unwrap();
+        for page in 0..5 {
+            // SAFETY: a live 2 MiB block.
+            unsafe { p.as_ptr().add(page * PAGE).write(1) };
+        }
+        eager.free(p).unwrap();
+    }
+    assert!(minor_faults() - faults >= 250, "the fault count does not see madvised pages");
+    assert_eq!(eager.stats().maps, maps);
+}
+
 #[test]
 fn a_full_cache_releases_its_oldest_block() {
     let heap = LargeHeap::new(patient()).unwrap();
