@@ -1,5 +1,6 @@
 //! The large-allocation heap (`umem::large`): reuse without new maps (counted by the
-//! heap's chunk source), alignments from 64 KiB to 1 GiB, grow and shrink in place with
+//! heap's chunk source) and without page faults (`getrusage`), eviction from a full
+//! cache, alignments from 64 KiB to 1 GiB, grow and shrink in place with
 //! contents kept, decay (pages leave the resident set, checked with `mincore`; the span is
 //! reused afterwards; release unmaps), a seeded random model against a `BTreeMap` of live
 //! ranges, fault injection, 16 threads on a shared heap with owner stamps, and no global
