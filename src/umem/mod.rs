@@ -51,9 +51,11 @@ compile_error!("umem packs per-CPU magazine state into 64-bit words");
 
 pub mod cpu_cache;
 mod depot;
+pub mod large;
 mod magazine;
 pub mod os;
 pub mod region;
+pub mod sizeclass;
 pub mod slab;
 pub mod vmem;
 

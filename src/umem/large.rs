@@ -1,0 +1,998 @@
+//! The large-allocation path: blocks above the largest size class (128 KiB), or aligned
+//! beyond the page, carved page-granular out of a vmem arena, with freed blocks kept for
+//! reuse and given back to the kernel by **decay**, jemalloc-style, so that a program
+//! that allocates and frees large blocks in a loop makes no `mmap`/`munmap` (and takes
+//! no page faults) per request.
+//!
+//! ```
+//! use scalemem::umem::large::{LargeConfig, LargeHeap};
+//!
+//! let heap = LargeHeap::new(LargeConfig::default())?;
+//! let p = heap.alloc(1 << 20, 4096)?;
+//! // SAFETY: the heap handed out 1 MiB of writable memory at `p`.
+//! unsafe { p.as_ptr().write_bytes(0xA5, 1 << 20) };
+//! heap.free(p)?;
+//! let q = heap.alloc(1 << 20, 4096)?; // the same block, still committed: no fault
+//! assert_eq!(p, q);
+//! assert_eq!(heap.stats().maps, 1);
+//! heap.free(q)?;
+//! # Ok::<(), scalemem::umem::large::LargeError>(())
+//! ```
+//!
+//! # Layers
+//!
+//! - **Chunks** (the arena's source): address space from the kernel through
+//!   `os::map_aligned`, in spans that are multiples of the chunk size (2 MiB by default)
+//!   and aligned to it. `release` unmaps. It counts maps, unmaps and mapped bytes.
+//! - **The arena**: a [`Vmem`] with the page as its quantum, importing from the chunks.
+//!   Each block is one or more allocated vmem segments ("pieces", more than one only after
+//!   [`LargeHeap::grow_in_place`] took the free segment, or absorbed the cached block,
+//!   right after a block). Alignment comes
+//!   from `xalloc`'s `align`; the arena imports a span with `align - page` bytes of slack
+//!   for a stricter alignment (address space only: untouched pages cost no memory).
+//! - **The block tables**: vmem's hash knows each segment's size but does not expose it,
+//!   so the heap keeps its own open-addressed tables in mapped memory: live blocks by
+//!   address (reserved bytes, usable bytes, size of the first piece) and the later pieces
+//!   of multi-piece blocks by address (their sizes).
+//! - **The cache** of freed blocks: a fixed array (512 entries, mapped) of blocks that
+//!   stay allocated in the arena, so the arena can never hand their span back to the
+//!   kernel behind the heap's back.
+//!
+//! # Lifecycle of a block
+//!
+//! ```text
+//!  alloc ──▶ in use ──free──▶ dirty ──decay──▶ madvised ──release──▶ free in vmem ──▶ unmapped
+//!    ▲                         │                  │                (clean)    (when its whole
+//!    └──────── reuse ◀─────────┴──────────────────┘                           span is free)
+//! ```
+//!
+//! - **in use**: in the live table.
+//! - **dirty**: freed, in the cache, pages still committed. An allocation reuses a
+//!   cached block before it asks the arena (dirty ones first: no page faults), if the
+//!   block is aligned enough and wastes at most a fifth of itself (see [`LargeHeap::alloc`]).
+//! - **madvised**: in the cache after `madvise(MADV_DONTNEED)`: the pages are back with
+//!   the kernel, the address range is kept, a reuse faults in fresh zero pages.
+//! - **released**: freed to the arena, which coalesces it with its free neighbours; an
+//!   imported span that becomes wholly free goes back to the chunks, which unmap it.
+//!
+//! **Decay** ([`LargeHeap::decay`], and piggybacked on every `alloc` and `free` once its
+//! next deadline has passed, so no background thread is needed): a block dirty for at
+//! least [`LargeConfig::decay`] (default 10 s, jemalloc's `dirty_decay_ms`) is madvised;
+//! a block cached for at least [`LargeConfig::release`] (default 30 s) is released. Both
+//! are counted from the free. A decay time of 0 madvises a block inside the free that
+//! caches it; a release time of 0 releases it there. When the cache is full, a free releases the
+//! oldest cached block at once; when the arena cannot serve an allocation (the kernel
+//! refused a map), the whole cache is released and the allocation retried once.
+//!
+//! # Invariants (checked by [`LargeHeap::assert_valid`])
+//!
+//! 1. Every block, live or cached, is a run of allocated arena segments that tile
+//!    `[base, base + reserved)`: the first piece of the recorded head size, then the
+//!    pieces in the piece table. Blocks do not overlap (vmem hands out disjoint
+//!    segments; the random model test also checks it against its own map of ranges).
+//! 2. The arena's allocated bytes equal the reserved bytes of the live and cached blocks.
+//! 3. A live block has `page <= usable <= reserved`, both page multiples; `in use` is the
+//!    sum of the reserved bytes of live blocks, `dirty` and `madvised` the sums over the
+//!    cached blocks in each state.
+//! 4. Every free arena segment is clean: its pages were never touched, or were madvised
+//!    before the segment was freed to the arena. (So the arena never hides dirty pages
+//!    from decay.)
+//! 5. Nothing here allocates through the global allocator: tables and cache live in
+//!    `mmap`ed memory, and no path formats or panics on bad input.
+//!
+//! # Bad input
+//!
+//! | input | result |
+//! |---|---|
+//! | zero size | [`LargeError::ZeroSize`] |
+//! | size that overflows when rounded to pages and aligned, or above `isize::MAX` | [`LargeError::Overflow`] |
+//! | alignment not a power of two, or above [`MAX_ALIGN`] (1 GiB) | [`LargeError::BadAlign`] |
+//! | free (or resize, or `usable_size`) of an address that is not a live block | [`LargeError::NotAllocated`] (`false`/`None` for the resize and query calls) |
+//! | the kernel refuses memory | [`LargeError::OutOfMemory`]; the heap stays consistent and usable (its cache may have been released) |
+//!
+//! # Concurrency
+//!
+//! One `Lock` (the arena's futex mutex) guards the tables, the cache and every call
+//! into the arena; the arena's own lock is then always uncontended. Lock order: the
+//! heap's lock, then the arena's, then (import and release) the chunks, which take none.
+//! Large requests are rare next to small ones, and each costs a system call or page
+//! faults anyway, so one lock is enough.
+
+use core::mem::{ManuallyDrop, size_of};
+use core::ptr::NonNull;
+use core::time::Duration;
+
+use super::os;
+use super::vmem::lock::Lock;
+use super::vmem::{Constraints, Source, Vmem, VmemError};
+use crate::sync::atomic::{AtomicUsize, Ordering};
+
+mod table;
+
+use table::Table;
+
+/// The largest alignment served: 1 GiB.
+pub const MAX_ALIGN: usize = 1 << 30;
+
+/// Cached (freed) blocks the heap keeps at most.
+pub const CACHE_SLOTS: usize = 512;
+
+/// Why a large-heap operation failed. Every error leaves the heap consistent.
+///
+/// ```
+/// use scalemem::umem::large::{LargeConfig, LargeError, LargeHeap};
+///
+/// let heap = LargeHeap::new(LargeConfig::default())?;
+/// let err = heap.alloc(4096, 1 << 31).unwrap_err();
+/// assert_eq!(err, LargeError::BadAlign);
+/// assert_eq!(err.to_string(), "large heap: alignment not a power of two or above 1 GiB");
+/// # Ok::<(), LargeError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LargeError {
+    /// A size of zero.
+    ZeroSize,
+    /// The size overflows when rounded up to pages and aligned.
+    Overflow,
+    /// An alignment that is not a power of two, or above [`MAX_ALIGN`].
+    BadAlign,
+    /// The kernel refused memory (for the block, or for the heap's tables).
+    OutOfMemory,
+    /// The address is not that of a live block.
+    NotAllocated,
+    /// An invalid [`LargeConfig`] (chunk size not a power of two at least the page).
+    BadConfig,
+}
+
+impl core::fmt::Display for LargeError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Self::ZeroSize => "large heap: zero size",
+            Self::Overflow => "large heap: size overflows",
+            Self::BadAlign => "large heap: alignment not a power of two or above 1 GiB",
+            Self::OutOfMemory => "large heap: out of memory",
+            Self::NotAllocated => "large heap: not a live block",
+            Self::BadConfig => "large heap: chunk size must be a power of two at least the page size",
+        })
+    }
+}
+
+impl std::error::Error for LargeError {}
+
+/// Tuning for a [`LargeHeap`].
+///
+/// ```
+/// use core::time::Duration;
+/// use scalemem::umem::large::LargeConfig;
+///
+/// let c = LargeConfig::default();
+/// assert_eq!((c.decay, c.release, c.chunk), (Duration::from_secs(10), Duration::from_secs(30), 2 << 20));
+/// // Return memory as soon as possible (jemalloc's `dirty_decay_ms:0`):
+/// let eager = LargeConfig { decay: Duration::ZERO, release: Duration::ZERO, ..c };
+/// # let _ = eager;
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LargeConfig {
+    /// How long a freed block stays dirty (committed) before decay madvises it (default
+    /// 10 s).
+    pub decay: Duration,
+    /// How long a freed block stays cached before decay frees it to the arena, which
+    /// unmaps its span once the span is wholly free (default 30 s).
+    pub release: Duration,
+    /// The granularity and alignment of spans mapped from the kernel: a power of two at
+    /// least the page size (default 2 MiB).
+    pub chunk: usize,
+}
+
+impl Default for LargeConfig {
+    fn default() -> Self {
+        Self { decay: Duration::from_secs(10), release: Duration::from_secs(30), chunk: 2 << 20 }
+    }
+}
+
+/// A snapshot of a heap's counts ([`LargeHeap::stats`]), in bytes unless named a count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LargeStats {
+    /// Bytes mapped from the kernel now.
+    pub mapped: usize,
+    /// Bytes reserved by live blocks.
+    pub in_use: usize,
+    /// Live blocks.
+    pub live: usize,
+    /// Bytes of cached blocks whose pages are still committed.
+    pub dirty: usize,
+    /// Bytes of cached blocks that were madvised.
+    pub madvised: usize,
+    /// Bytes unmapped so far (cumulative).
+    pub unmapped: usize,
+    /// Maps made (spans imported from the kernel), cumulative.
+    pub maps: usize,
+    /// Unmaps made, cumulative.
+    pub unmaps: usize,
+    /// Allocations served from the cache, cumulative.
+    pub reused: usize,
+    /// Blocks madvised by decay, cumulative.
+    pub purged: usize,
+    /// Blocks released to the arena (by decay, eviction or a failed allocation), cumulative.
+    pub released: usize,
+}
+
+/// Now, in nanoseconds of the monotonic clock: the time base of [`LargeHeap::decay_at`].
+///
+/// ```
+/// let a = scalemem::umem::large::now_ns();
+/// assert!(scalemem::umem::large::now_ns() >= a);
+/// ```
+pub fn now_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (t.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(t.tv_nsec as u64)
+}
+
+/// `Duration` to nanoseconds, saturating.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// An address as the pointer the chunks exposed for it.
+fn ptr_of(addr: usize) -> Option<NonNull<u8>> {
+    NonNull::new(core::ptr::with_exposed_provenance_mut::<u8>(addr))
+}
+
+// ---------------------------------------------------------------------------------------
+// Chunks: the arena's source.
+// ---------------------------------------------------------------------------------------
+
+/// Address space from the kernel in chunk-aligned spans. Its counters are only written
+/// while the heap's lock is held (import and release run inside arena calls, which run
+/// under it) and read under it too, so the lock orders every access: they are atomics
+/// only because `Source` must be `Sync`, and Relaxed pairs with nothing.
+struct Chunks {
+    chunk: usize,
+    maps: AtomicUsize,
+    unmaps: AtomicUsize,
+    mapped: AtomicUsize,
+    unmapped: AtomicUsize,
+}
+
+impl Source for Chunks {
+    fn import(&self, size: usize, _align: usize) -> Result<usize, VmemError> {
+        // `size` is a multiple of the granularity, the chunk; the chunk alignment covers
+        // the arena's (the page).
+        let ptr = os::map_aligned(size, self.chunk).map_err(|_| VmemError::Exhausted)?;
+        // Relaxed: see the type's doc (ordered by the heap's lock).
+        self.maps.fetch_add(1, Ordering::Relaxed);
+        self.mapped.fetch_add(size, Ordering::Relaxed);
+        Ok(ptr.as_ptr().expose_provenance())
+    }
+
+    unsafe fn release(&self, base: usize, size: usize) {
+        if let Some(ptr) = ptr_of(base) {
+            // SAFETY: (1) of the caller's contract: `base`, `size` are a span `import`
+            // mapped with `map_aligned(size, self.chunk)` (its provenance exposed there);
+            // (2) nothing uses it.
+            unsafe { os::unmap_aligned(ptr, size, self.chunk) };
+            // Relaxed: see the type's doc.
+            self.unmaps.fetch_add(1, Ordering::Relaxed);
+            self.mapped.fetch_sub(size, Ordering::Relaxed);
+            self.unmapped.fetch_add(size, Ordering::Relaxed);
+        }
+    }
+
+    fn granularity(&self) -> usize {
+        self.chunk
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The heap.
+// ---------------------------------------------------------------------------------------
+
+/// A live block (keyed by its base).
+#[derive(Clone, Copy, Debug)]
+struct Live {
+    /// Bytes the block holds in the arena (the sum of its pieces).
+    reserved: usize,
+    /// Bytes the caller may use (`usable_size`).
+    usable: usize,
+    /// The size of its first piece.
+    head: usize,
+}
+
+/// A cached (freed) block.
+#[derive(Clone, Copy, Debug)]
+struct Cached {
+    base: usize,
+    reserved: usize,
+    head: usize,
+    /// When it was freed ([`now_ns`]).
+    since: u64,
+    madvised: bool,
+}
+
+/// The state under the heap's lock.
+struct Inner {
+    live: Table<Live>,
+    /// The later pieces of multi-piece blocks (live or cached): base -> size.
+    pieces: Table<usize>,
+    /// `CACHE_SLOTS` entries in mapped memory, the first `ncached` in use.
+    cache: NonNull<Cached>,
+    ncached: usize,
+    /// The earliest time decay has work to do (`u64::MAX`: none).
+    deadline: u64,
+    in_use: usize,
+    dirty: usize,
+    madvised: usize,
+    reused: usize,
+    purged: usize,
+    released: usize,
+}
+
+// SAFETY: `Inner` owns its tables and its cache mapping outright (nobody else has their
+// addresses), so moving it between threads moves that ownership; it has no thread
+// affinity.
+unsafe impl Send for Inner {}
+
+impl Inner {
+    fn cache(&self) -> &[Cached] {
+        // SAFETY: `cache` is a live mapping of `CACHE_SLOTS` entries, of which the first
+        // `ncached <= CACHE_SLOTS` were written; the slice borrows `self`.
+        unsafe { core::slice::from_raw_parts(self.cache.as_ptr(), self.ncached) }
+    }
+
+    fn cache_mut(&mut self) -> &mut [Cached] {
+        // SAFETY: as in `cache`; `&mut self` makes the slice unique.
+        unsafe { core::slice::from_raw_parts_mut(self.cache.as_ptr(), self.ncached) }
+    }
+
+    fn push_cached(&mut self, c: Cached) {
+        debug_assert!(self.ncached < CACHE_SLOTS);
+        // SAFETY: `ncached < CACHE_SLOTS`: in bounds of the mapping; `&mut self`.
+        unsafe { self.cache.as_ptr().add(self.ncached).write(c) };
+        self.ncached += 1;
+        if c.madvised {
+            self.madvised += c.reserved;
+        } else {
+            self.dirty += c.reserved;
+        }
+    }
+
+    /// Takes cache entry `i` out (the last entry moves into its place).
+    fn take_cached(&mut self, i: usize) -> Cached {
+        let last = self.ncached - 1;
+        let cache = self.cache_mut();
+        let c = cache[i];
+        cache[i] = cache[last];
+        self.ncached = last;
+        if c.madvised {
+            self.madvised -= c.reserved;
+        } else {
+            self.dirty -= c.reserved;
+        }
+        c
+    }
+
+    /// The best cached block for `n` bytes aligned to `align`: aligned, at least `n`,
+    /// wasting at most a fifth of itself (`reserved - n <= n / 4`); dirty before
+    /// madvised, then the smallest.
+    fn best_cached(&self, n: usize, align: usize) -> Option<usize> {
+        let mut best: Option<(usize, bool, usize)> = None; // (index, madvised, reserved)
+        for (i, c) in self.cache().iter().enumerate() {
+            if c.base % align != 0 || c.reserved < n || c.reserved - n > n / 4 {
+                continue;
+            }
+            let better = match best {
+                None => true,
+                Some((_, m, r)) => (c.madvised, c.reserved) < (m, r),
+            };
+            if better {
+                best = Some((i, c.madvised, c.reserved));
+            }
+        }
+        best.map(|(i, _, _)| i)
+    }
+
+    /// Frees a block's pieces to the arena (madvising them first unless `clean`, so that
+    /// free arena segments stay clean): the later pieces, then the first, so that the
+    /// span can only become wholly free (and be unmapped) at the last one.
+    fn release_block(&mut self, vmem: &Vmem<'_>, base: usize, reserved: usize, head: usize, clean: bool) {
+        if !clean && let Some(ptr) = ptr_of(base) {
+            // SAFETY: (1) the block is page-aligned and inside a span the chunks mapped;
+            // (2) it is cached or being shrunk away: nobody needs its contents.
+            unsafe { os::dontneed(ptr, reserved) };
+        }
+        let end = base + reserved;
+        let mut at = base + head;
+        while at < end {
+            let Some(size) = self.pieces.remove(at) else {
+                debug_assert!(false, "large: a block's piece is missing");
+                break;
+            };
+            let result = vmem.xfree(at, size);
+            debug_assert!(result.is_ok());
+            at += size;
+        }
+        let result = vmem.xfree(base, head);
+        debug_assert!(result.is_ok());
+        self.released += 1;
+    }
+
+    /// Decay at `now`: madvise blocks dirty for `decay`, release blocks cached for
+    /// `release`; recompute the deadline.
+    fn decay(&mut self, vmem: &Vmem<'_>, now: u64, decay: u64, release: u64) {
+        let mut deadline = u64::MAX;
+        let mut i = 0;
+        while i < self.ncached {
+            let c = self.cache()[i];
+            let release_at = c.since.saturating_add(release);
+            if now >= release_at {
+                let c = self.take_cached(i);
+                self.release_block(vmem, c.base, c.reserved, c.head, c.madvised);
+                continue; // entry `i` is now the former last one
+            }
+            deadline = deadline.min(release_at);
+            if !c.madvised {
+                let decay_at = c.since.saturating_add(decay);
+                if now >= decay_at {
+                    if let Some(ptr) = ptr_of(c.base) {
+                        // SAFETY: (1) a cached block: page-aligned, in a mapped span;
+                        // (2) freed, so nobody needs its contents.
+                        unsafe { os::dontneed(ptr, c.reserved) };
+                    }
+                    self.cache_mut()[i].madvised = true;
+                    self.dirty -= c.reserved;
+                    self.madvised += c.reserved;
+                    self.purged += 1;
+                } else {
+                    deadline = deadline.min(decay_at);
+                }
+            }
+            i += 1;
+        }
+        self.deadline = deadline;
+    }
+
+    /// Releases every cached block to the arena.
+    fn release_all(&mut self, vmem: &Vmem<'_>) {
+        while self.ncached > 0 {
+            let c = self.take_cached(self.ncached - 1);
+            self.release_block(vmem, c.base, c.reserved, c.head, c.madvised);
+        }
+        self.deadline = u64::MAX;
+    }
+}
+
+/// The large-allocation heap (see the [module documentation](self)).
+pub struct LargeHeap {
+    /// The chunks, in their own mapping, so that the arena can borrow them for
+    /// `'static` while the heap moves; unmapped in `drop`, after the arena.
+    chunks: NonNull<Chunks>,
+    vmem: ManuallyDrop<Vmem<'static>>,
+    inner: Lock<Inner>,
+    decay: u64,
+    release: u64,
+    page: usize,
+}
+
+// SAFETY: the heap's parts are shared between threads as follows:
+// - `Send`: it owns the chunks mapping outright; the arena and `Inner` are `Send`.
+// - `Sync`: through `&LargeHeap` the chunks are only read as `&Chunks` (atomics: `Sync`),
+//   the arena is `Sync`, and `Inner` is reached only through its `Lock`.
+unsafe impl Send for LargeHeap {}
+// SAFETY: see above.
+unsafe impl Sync for LargeHeap {}
+
+impl LargeHeap {
+    /// A heap with `config`. Maps its bookkeeping (a few pages); spans are mapped on
+    /// demand.
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use scalemem::umem::large::{LargeConfig, LargeHeap};
+    ///
+    /// let config = LargeConfig { decay: Duration::ZERO, ..LargeConfig::default() };
+    /// let heap = LargeHeap::new(config)?;
+    /// assert_eq!(heap.stats().mapped, 0);
+    /// # Ok::<(), scalemem::umem::large::LargeError>(())
+    /// ```
+    pub fn new(config: LargeConfig) -> Result<Self, LargeError> {
+        let page = os::page_size();
+        if !config.chunk.is_power_of_two() || config.chunk < page {
+            return Err(LargeError::BadConfig);
+        }
+        let chunks = os::map(size_of::<Chunks>()).map_err(|_| LargeError::OutOfMemory)?.cast::<Chunks>();
+        let chunks_init = Chunks {
+            chunk: config.chunk,
+            maps: AtomicUsize::new(0),
+            unmaps: AtomicUsize::new(0),
+            mapped: AtomicUsize::new(0),
+            unmapped: AtomicUsize::new(0),
+        };
+        // SAFETY: a fresh mapping, page-aligned (enough for `Chunks`) and big enough.
+        unsafe { chunks.as_ptr().write(chunks_init) };
+        let unmap_chunks = || {
+            // SAFETY: (1) the mapping made above; (2) nothing borrows it (the arena that
+            // would have was not built or was dropped).
+            unsafe { os::unmap(chunks.cast(), size_of::<Chunks>()) }
+        };
+        let cache = match os::map(CACHE_SLOTS * size_of::<Cached>()) {
+            Ok(cache) => cache.cast::<Cached>(),
+            Err(_) => {
+                unmap_chunks();
+                return Err(LargeError::OutOfMemory);
+            }
+        };
+        // SAFETY: the chunks stay mapped, unmoved and unmodified (apart from their
+        // atomics) until `drop` unmaps them, which it does after dropping the arena, the
+        // only holder of this reference.
+        let source: &'static Chunks = unsafe { chunks.as_ref() };
+        let vmem = match Vmem::builder("large").quantum(page).source(source).build() {
+            Ok(vmem) => vmem,
+            Err(_) => {
+                // SAFETY: (1) the cache mapping made above; (2) unused.
+                unsafe { os::unmap(cache.cast(), CACHE_SLOTS * size_of::<Cached>()) };
+                unmap_chunks();
+                return Err(LargeError::OutOfMemory);
+            }
+        };
+        Ok(Self {
+            chunks,
+            vmem: ManuallyDrop::new(vmem),
+            inner: Lock::new(Inner {
+                live: Table::new(),
+                pieces: Table::new(),
+                cache,
+                ncached: 0,
+                deadline: u64::MAX,
+                in_use: 0,
+                dirty: 0,
+                madvised: 0,
+                reused: 0,
+                purged: 0,
+                released: 0,
+            }),
+            decay: nanos(config.decay),
+            release: nanos(config.release),
+            page,
+        })
+    }
+
+    fn chunks(&self) -> &Chunks {
+        // SAFETY: mapped and initialised in `new`, unmapped only in `drop`.
+        unsafe { self.chunks.as_ref() }
+    }
+
+    /// Rounds a request to pages and checks it (see "Bad input" in the module doc).
+    fn check(&self, size: usize, align: usize) -> Result<(usize, usize), LargeError> {
+        if size == 0 {
+            return Err(LargeError::ZeroSize);
+        }
+        if !align.is_power_of_two() || align > MAX_ALIGN {
+            return Err(LargeError::BadAlign);
+        }
+        let n = size.checked_next_multiple_of(self.page).ok_or(LargeError::Overflow)?;
+        let align = align.max(self.page);
+        if n.checked_add(align).is_none_or(|end| end > isize::MAX as usize) {
+            return Err(LargeError::Overflow);
+        }
+        Ok((n, align))
+    }
+
+    /// Allocates `size` bytes (rounded up to pages) aligned to `align` (a power of two up
+    /// to [`MAX_ALIGN`]). A cached block is reused if one is aligned, large enough and
+    /// wastes at most a fifth of itself (dirty blocks before madvised ones, then the
+    /// smallest); otherwise the arena serves it, mapping a span only if no free segment
+    /// fits. The memory is not zeroed unless it is fresh.
+    ///
+    /// ```
+    /// use scalemem::umem::large::{LargeConfig, LargeError, LargeHeap};
+    ///
+    /// let heap = LargeHeap::new(LargeConfig::default())?;
+    /// let p = heap.alloc(300 << 10, 2 << 20)?;
+    /// assert_eq!(p.as_ptr() as usize % (2 << 20), 0);
+    /// assert_eq!(heap.usable_size(p), Some(300 << 10));
+    /// assert_eq!(heap.alloc(0, 8), Err(LargeError::ZeroSize));
+    /// assert_eq!(heap.alloc(4096, 3), Err(LargeError::BadAlign));
+    /// assert_eq!(heap.alloc(usize::MAX - 10, 8), Err(LargeError::Overflow));
+    /// heap.free(p)?;
+    /// # Ok::<(), LargeError>(())
+    /// ```
+    pub fn alloc(&self, size: usize, align: usize) -> Result<NonNull<u8>, LargeError> {
+        let (n, align) = self.check(size, align)?;
+        let now = now_ns();
+        let vmem = &*self.vmem;
+        self.inner.with(|inner| {
+            if now >= inner.deadline {
+                inner.decay(vmem, now, self.decay, self.release);
+            }
+            inner.live.reserve(1)?;
+            if let Some(i) = inner.best_cached(n, align) {
+                let c = inner.take_cached(i);
+                inner.live.insert(c.base, Live { reserved: c.reserved, usable: n, head: c.head });
+                inner.in_use += c.reserved;
+                inner.reused += 1;
+                return ptr_of(c.base).ok_or(LargeError::OutOfMemory);
+            }
+            let constraints = Constraints { align, ..Constraints::default() };
+            let addr = match vmem.xalloc(n, &constraints) {
+                Ok(addr) => addr,
+                Err(_) if inner.ncached > 0 => {
+                    // Out of memory with blocks cached: give them all back and retry once.
+                    inner.release_all(vmem);
+                    vmem.xalloc(n, &constraints).map_err(|_| LargeError::OutOfMemory)?
+                }
+                Err(_) => return Err(LargeError::OutOfMemory),
+            };
+            inner.live.insert(addr, Live { reserved: n, usable: n, head: n });
+            inner.in_use += n;
+            ptr_of(addr).ok_or(LargeError::OutOfMemory)
+        })
+    }
+
+    /// Frees a block [`alloc`](Self::alloc) returned: it goes to the cache, dirty (see the
+    /// lifecycle in the module doc). `Err(NotAllocated)` if `ptr` is not a live block (a
+    /// foreign pointer, or a double free); nothing changes then.
+    ///
+    /// ```
+    /// use scalemem::umem::large::{LargeConfig, LargeError, LargeHeap};
+    ///
+    /// let heap = LargeHeap::new(LargeConfig::default())?;
+    /// let p = heap.alloc(1 << 20, 8)?;
+    /// heap.free(p)?;
+    /// assert_eq!(heap.free(p), Err(LargeError::NotAllocated));
+    /// assert_eq!(heap.stats().dirty, 1 << 20);
+    /// # Ok::<(), LargeError>(())
+    /// ```
+    pub fn free(&self, ptr: NonNull<u8>) -> Result<(), LargeError> {
+        let base = ptr.as_ptr().addr();
+        let now = now_ns();
+        let vmem = &*self.vmem;
+        self.inner.with(|inner| {
+            let live = inner.live.remove(base).ok_or(LargeError::NotAllocated)?;
+            inner.in_use -= live.reserved;
+            if inner.ncached == CACHE_SLOTS {
+                let oldest = (0..inner.ncached).min_by_key(|&i| inner.cache()[i].since).unwrap_or(0);
+                let c = inner.take_cached(oldest);
+                inner.release_block(vmem, c.base, c.reserved, c.head, c.madvised);
+            }
+            inner.push_cached(Cached { base, reserved: live.reserved, head: live.head, since: now, madvised: false });
+            inner.deadline = inner.deadline.min(now.saturating_add(self.decay.min(self.release)));
+            if now >= inner.deadline {
+                inner.decay(vmem, now, self.decay, self.release);
+            }
+            Ok(())
+        })
+    }
+
+    /// Grows the live block at `ptr` from `old` to `new` bytes without moving it, and
+    /// returns whether it did. It can when `new` fits the block's reserved pages, when a
+    /// cached block starts right after it (it is absorbed), or when the arena has a free
+    /// segment right after it (taken as one more piece). On `false` nothing changed.
+    /// Contents are kept; the added bytes are unspecified. `false` also for a pointer
+    /// that is not a live block, an `old` above its usable size, or `new < old`.
+    ///
+    /// ```
+    /// use scalemem::umem::large::{LargeConfig, LargeError, LargeHeap};
+    ///
+    /// let heap = LargeHeap::new(LargeConfig::default())?;
+    /// let p = heap.alloc(256 << 10, 4096)?; // the first block of a fresh 2 MiB span
+    /// assert!(heap.grow_in_place(p, 256 << 10, 1 << 20)); // the rest of the span is free
+    /// assert_eq!(heap.usable_size(p), Some(1 << 20));
+    /// heap.free(p)?;
+    /// # Ok::<(), LargeError>(())
+    /// ```
+    pub fn grow_in_place(&self, ptr: NonNull<u8>, old: usize, new: usize) -> bool {
+        let base = ptr.as_ptr().addr();
+        let Some(n) = new.checked_next_multiple_of(self.page) else { return false };
+        if new < old || n.checked_add(base).is_none_or(|end| end > isize::MAX as usize) {
+            return false;
+        }
+        let vmem = &*self.vmem;
+        self.inner.with(|inner| {
+            let Some(live) = inner.live.get(base) else { return false };
+            if old > live.usable {
+                return false;
+            }
+            if n <= live.reserved {
+                if let Some(l) = inner.live.get_mut(base) {
+                    l.usable = l.usable.max(n);
+                }
+                return true;
+            }
+            // Room for two piece records: the absorbed block's head and a new piece.
+            if inner.pieces.reserve(2).is_err() {
+                return false;
+            }
+            let mut reserved = live.reserved;
+            let end = base + reserved;
+            let absorbed = match inner.cache().iter().position(|c| c.base == end) {
+                Some(i) => {
+                    let c = inner.take_cached(i);
+                    // Its later pieces are already in the table; its head becomes a piece.
+                    inner.pieces.insert(c.base, c.head);
+                    reserved += c.reserved;
+                    Some(c)
+                }
+                None => None,
+            };
+            if reserved < n {
+                let at = base + reserved;
+                let d = n - reserved;
+                let window = Constraints { min_addr: at, max_addr: at + d, ..Constraints::default() };
+                match vmem.xalloc(d, &window) {
+                    Ok(got) => {
+                        debug_assert_eq!(got, at);
+                        inner.pieces.insert(at, d);
+                        reserved += d;
+                    }
+                    Err(_) => {
+                        // Not enough room after all: put the absorbed block back as it was.
+                        if let Some(c) = absorbed {
+                            inner.pieces.remove(c.base);
+                            inner.push_cached(c);
+                        }
+                        return false;
+                    }
+                }
+            }
+            inner.in_use += reserved - live.reserved;
+            if let Some(l) = inner.live.get_mut(base) {
+                l.reserved = reserved;
+                l.usable = n;
+            }
+            true
+        })
+    }
+
+    /// Shrinks the live block at `ptr` to `new` bytes (rounded up to pages, at least
+    /// one) without moving it, and returns whether it did. Later pieces wholly past the
+    /// new end go back to the arena; the pages past the new end in the kept pieces are
+    /// madvised (kept reserved, so a later grow can take them back). `false` for a
+    /// pointer that is not a live block, `new` of 0, or `new` above the usable size.
+    ///
+    /// ```
+    /// use scalemem::umem::large::{LargeConfig, LargeError, LargeHeap};
+    ///
+    /// let heap = LargeHeap::new(LargeConfig::default())?;
+    /// let p = heap.alloc(1 << 20, 4096)?;
+    /// assert!(heap.shrink_in_place(p, 1 << 20, 5000));
+    /// assert_eq!(heap.usable_size(p), Some(8192));
+    /// assert!(heap.grow_in_place(p, 5000, 1 << 20)); // its own reserved pages
+    /// heap.free(p)?;
+    /// # Ok::<(), LargeError>(())
+    /// ```
+    pub fn shrink_in_place(&self, ptr: NonNull<u8>, old: usize, new: usize) -> bool {
+        let base = ptr.as_ptr().addr();
+        if new == 0 || new > old {
+            return false;
+        }
+        let Some(n) = new.checked_next_multiple_of(self.page) else { return false };
+        let vmem = &*self.vmem;
+        self.inner.with(|inner| {
+            let Some(live) = inner.live.get(base) else { return false };
+            if old > live.usable || n > live.usable {
+                return false;
+            }
+            // The end of the piece holding the new last byte: pieces from there on go.
+            let cut = base + n;
+            let mut keep_end = base + live.head;
+            while keep_end < cut {
+                match inner.pieces.get(keep_end) {
+                    Some(size) => keep_end += size,
+                    None => {
+                        debug_assert!(false, "large: a block's piece is missing");
+                        return false;
+                    }
+                }
+            }
+            let end = base + live.reserved;
+            let mut at = keep_end;
+            while at < end {
+                let Some(size) = inner.pieces.remove(at) else {
+                    debug_assert!(false, "large: a block's piece is missing");
+                    break;
+                };
+                if let Some(ptr) = ptr_of(at) {
+                    // SAFETY: (1) a piece of a live block: page-aligned, in a mapped span;
+                    // (2) past the new end, so the caller no longer uses it.
+                    unsafe { os::dontneed(ptr, size) };
+                }
+                let result = vmem.xfree(at, size);
+                debug_assert!(result.is_ok());
+                at += size;
+            }
+            if cut < keep_end
+                && let Some(ptr) = ptr_of(cut)
+            {
+                // SAFETY: (1) page-aligned (n is a page multiple), inside the block's kept
+                // pieces; (2) past the new end.
+                unsafe { os::dontneed(ptr, keep_end - cut) };
+            }
+            inner.in_use -= end - keep_end;
+            if let Some(l) = inner.live.get_mut(base) {
+                l.reserved = keep_end - base;
+                l.usable = n;
+            }
+            true
+        })
+    }
+
+    /// The bytes the caller may use at `ptr` (the request rounded up to pages, as
+    /// changed by grow and shrink), or `None` if `ptr` is not a live block.
+    ///
+    /// ```
+    /// use scalemem::umem::large::{LargeConfig, LargeHeap};
+    ///
+    /// let heap = LargeHeap::new(LargeConfig::default())?;
+    /// let p = heap.alloc(200_000, 64)?;
+    /// assert_eq!(heap.usable_size(p), Some(200_704)); // 49 pages
+    /// heap.free(p)?;
+    /// assert_eq!(heap.usable_size(p), None);
+    /// # Ok::<(), scalemem::umem::large::LargeError>(())
+    /// ```
+    pub fn usable_size(&self, ptr: NonNull<u8>) -> Option<usize> {
+        let base = ptr.as_ptr().addr();
+        self.inner.with(|inner| inner.live.get(base).map(|l| l.usable))
+    }
+
+    /// Runs decay now (see the module doc): madvises blocks dirty for the decay time,
+    /// releases blocks cached for the release time.
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use scalemem::umem::large::{LargeConfig, LargeHeap};
+    ///
+    /// let config = LargeConfig { decay: Duration::ZERO, ..LargeConfig::default() };
+    /// let heap = LargeHeap::new(config)?;
+    /// let p = heap.alloc(1 << 20, 8)?;
+    /// heap.free(p)?;
+    /// heap.decay();
+    /// let s = heap.stats();
+    /// assert_eq!((s.dirty, s.madvised), (0, 1 << 20));
+    /// # Ok::<(), scalemem::umem::large::LargeError>(())
+    /// ```
+    pub fn decay(&self) {
+        self.decay_at(now_ns());
+    }
+
+    /// Runs decay as if the time were `now` (nanoseconds of [`now_ns`]'s clock).
+    ///
+    /// ```
+    /// use scalemem::umem::large::{now_ns, LargeConfig, LargeHeap};
+    ///
+    /// let heap = LargeHeap::new(LargeConfig::default())?; // decay 10 s, release 30 s
+    /// let p = heap.alloc(1 << 20, 8)?;
+    /// heap.free(p)?;
+    /// heap.decay_at(now_ns() + 11_000_000_000);
+    /// assert_eq!(heap.stats().madvised, 1 << 20);
+    /// heap.decay_at(now_ns() + 31_000_000_000);
+    /// assert_eq!(heap.stats().mapped, 0); // the span went back to the kernel
+    /// # Ok::<(), scalemem::umem::large::LargeError>(())
+    /// ```
+    pub fn decay_at(&self, now: u64) {
+        let vmem = &*self.vmem;
+        self.inner.with(|inner| inner.decay(vmem, now, self.decay, self.release));
+    }
+
+    /// Releases every cached block to the arena now (spans wholly free are unmapped).
+    ///
+    /// ```
+    /// use scalemem::umem::large::{LargeConfig, LargeHeap};
+    ///
+    /// let heap = LargeHeap::new(LargeConfig::default())?;
+    /// heap.free(heap.alloc(3 << 20, 8)?)?;
+    /// heap.purge();
+    /// assert_eq!(heap.stats().mapped, 0);
+    /// # Ok::<(), scalemem::umem::large::LargeError>(())
+    /// ```
+    pub fn purge(&self) {
+        let vmem = &*self.vmem;
+        self.inner.with(|inner| inner.release_all(vmem));
+    }
+
+    /// A snapshot of the heap's counts.
+    ///
+    /// ```
+    /// use scalemem::umem::large::{LargeConfig, LargeHeap};
+    ///
+    /// let heap = LargeHeap::new(LargeConfig::default())?;
+    /// let p = heap.alloc(3 << 20, 8)?;
+    /// let s = heap.stats();
+    /// assert_eq!((s.mapped, s.in_use, s.live, s.maps), (4 << 20, 3 << 20, 1, 1));
+    /// # heap.free(p)?;
+    /// # Ok::<(), scalemem::umem::large::LargeError>(())
+    /// ```
+    pub fn stats(&self) -> LargeStats {
+        self.inner.with(|inner| {
+            let chunks = self.chunks();
+            // Relaxed: the chunks' counters are written under this lock (see `Chunks`).
+            LargeStats {
+                mapped: chunks.mapped.load(Ordering::Relaxed),
+                in_use: inner.in_use,
+                live: inner.live.len,
+                dirty: inner.dirty,
+                madvised: inner.madvised,
+                unmapped: chunks.unmapped.load(Ordering::Relaxed),
+                maps: chunks.maps.load(Ordering::Relaxed),
+                unmaps: chunks.unmaps.load(Ordering::Relaxed),
+                reused: inner.reused,
+                purged: inner.purged,
+                released: inner.released,
+            }
+        })
+    }
+
+    /// Checks the invariants of the module doc and panics with the first one broken.
+    /// O(live + cached blocks + table slots).
+    ///
+    /// ```
+    /// use scalemem::umem::large::{LargeConfig, LargeHeap};
+    ///
+    /// let heap = LargeHeap::new(LargeConfig::default())?;
+    /// let p = heap.alloc(1 << 20, 8)?;
+    /// heap.assert_valid();
+    /// # heap.free(p)?;
+    /// # Ok::<(), scalemem::umem::large::LargeError>(())
+    /// ```
+    pub fn assert_valid(&self) {
+        let vmem = &*self.vmem;
+        self.inner.with(|inner| {
+            let page = self.page;
+            let mut pieces_seen = 0usize;
+            let mut check_block = |base: usize, reserved: usize, head: usize| {
+                assert!(base % page == 0 && reserved % page == 0 && head % page == 0, "large: misaligned block");
+                assert!(head > 0 && head <= reserved, "large: bad head piece");
+                let mut at = base + head;
+                while at < base + reserved {
+                    let size = inner.pieces.get(at).expect("large: a block's piece is missing");
+                    at += size;
+                    pieces_seen += 1;
+                }
+                assert!(at == base + reserved, "large: pieces overrun the block");
+            };
+            let (mut in_use, mut dirty, mut madvised) = (0, 0, 0);
+            inner.live.for_each(|base, l| {
+                assert!(l.usable >= page && l.usable <= l.reserved && l.usable % page == 0, "large: bad usable size");
+                check_block(base, l.reserved, l.head);
+                in_use += l.reserved;
+            });
+            for c in inner.cache() {
+                check_block(c.base, c.reserved, c.head);
+                assert!(inner.live.get(c.base).is_none(), "large: a block both live and cached");
+                if c.madvised {
+                    madvised += c.reserved;
+                } else {
+                    dirty += c.reserved;
+                }
+            }
+            assert!(pieces_seen == inner.pieces.len, "large: stray piece records");
+            assert!(in_use == inner.in_use, "large: in-use count wrong");
+            assert!(dirty == inner.dirty && madvised == inner.madvised, "large: cache byte counts wrong");
+            let vs = vmem.stats();
+            assert!(vs.in_use == in_use + dirty + madvised, "large: arena allocated bytes != blocks' bytes");
+            vmem.assert_valid();
+        });
+    }
+}
+
+impl Drop for LargeHeap {
+    /// Unmaps everything: live blocks die with the heap.
+    fn drop(&mut self) {
+        // SAFETY: the arena is dropped once, here, and not used after.
+        unsafe { ManuallyDrop::drop(&mut self.vmem) };
+        let cache = self.inner.get_mut().cache;
+        // SAFETY: (1) the mappings `new` made, of these sizes; (2) the arena, the only
+        // borrower of the chunks, is gone, and the cache is not used after this.
+        unsafe {
+            os::unmap(cache.cast(), CACHE_SLOTS * size_of::<Cached>());
+            os::unmap(self.chunks.cast(), size_of::<Chunks>());
+        }
+    }
+}
+
+impl core::fmt::Debug for LargeHeap {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("LargeHeap").field("stats", &self.stats()).finish()
+    }
+}
