@@ -807,7 +807,6 @@ impl Inner {
         };
         self.cpu.update(&mut counted);
         self.cpu.reap(&mut counted);
-        drop(counted);
         // Decay: intervals without slab traffic. Relaxed: statistics; concurrent
         // updates at worst count an interval twice.
         // The word packs (idle intervals << 32 | low 32 bits of the misses seen).
