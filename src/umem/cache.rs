@@ -229,6 +229,8 @@ pub struct CacheStats {
     pub destroyed: bool,
     /// Whether the teardown ran (destroyed and every object back).
     pub torn_down: bool,
+    /// Times the teardown ran (0 or 1).
+    pub teardowns: usize,
     /// The counters of the cache's region manager (bytes from and back to the OS).
     pub regions: RegionStats,
 }
@@ -835,6 +837,8 @@ impl Inner {
         let constructed = ctor_calls.saturating_sub(dtor_calls);
         let cached = cpu.cpu_rounds + cpu.depot_full * cpu.magazine_size;
         let slabs = slab.partial + slab.full + slab.empty;
+        // Acquire: pairs with the Release in the teardown.
+        let teardowns = self.shared.torn_down.load(Ordering::Acquire);
         CacheStats {
             name: self.name,
             size: self.size,
@@ -851,8 +855,8 @@ impl Inner {
             slab_bytes: slabs * slab.slab_pages * PAGE,
             // Relaxed: a statistic.
             destroyed: self.dead.load(Ordering::Relaxed),
-            // Acquire: pairs with the Release in the teardown.
-            torn_down: self.shared.torn_down.load(Ordering::Acquire) > 0,
+            torn_down: teardowns > 0,
+            teardowns,
             regions: self.regions.stats(),
         }
     }
