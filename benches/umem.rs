@@ -127,8 +127,9 @@ fn expensive_ctor(c: &mut Criterion) {
     group.bench_function("typed_cache", |b| {
         b.iter(|| {
             let mut e = cache.alloc().unwrap();
+            let byte = e.table[3] as u8;
             e.buffer.clear();
-            e.buffer.push(e.table[3] as u8);
+            e.buffer.push(byte);
             black_box(&*e);
         })
     });

@@ -92,6 +92,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         stats.slab_bytes >> 10
     );
     cache.raw().reap();
-    println!("after reap: {} constructed objects, {} slab(s)", cache.raw().stats().constructed, cache.raw().stats().slabs);
+    println!(
+        "after reap: {} constructed objects, {} slab(s)",
+        cache.raw().stats().constructed,
+        cache.raw().stats().slabs
+    );
     Ok(())
 }

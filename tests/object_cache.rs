@@ -71,8 +71,9 @@ fn obj_cache(regions: &'static Regions, config: Config) -> (ObjectCache, Arc<Ato
     let ctors = Arc::new(AtomicUsize::new(0));
     let dtors = Arc::new(AtomicUsize::new(0));
     let (ctor, dtor) = obj_hooks(&ctors, &dtors);
-    let cache = ObjectCache::new_in(regions, "obj", size_of::<Obj>(), align_of::<Obj>(), Some(ctor), Some(dtor), config)
-        .unwrap();
+    let cache =
+        ObjectCache::new_in(regions, "obj", size_of::<Obj>(), align_of::<Obj>(), Some(ctor), Some(dtor), config)
+            .unwrap();
     (cache, ctors, dtors)
 }
 
@@ -277,7 +278,9 @@ fn constructor_failure_returns_the_chunk() {
     let calls = Arc::new(AtomicUsize::new(0));
     let c = Arc::clone(&calls);
     let cache = ObjectCache::builder("flaky", 64, 8)
-        .ctor(Box::new(move |_| if c.fetch_add(1, Relaxed) % 2 == 1 { Err(scalemem::util::AllocError) } else { Ok(()) }))
+        .ctor(Box::new(
+            move |_| if c.fetch_add(1, Relaxed) % 2 == 1 { Err(scalemem::util::AllocError) } else { Ok(()) },
+        ))
         .regions(manual(4))
         .config(config())
         .build()
@@ -351,7 +354,7 @@ fn checking_mode_refuses_bad_frees() {
     let q = cache.alloc().unwrap();
     let foreign = other.alloc().unwrap();
     let mut local = 0u64;
-    // SAFETY (all frees below): checking mode validates the pointer before any change.
+    // SAFETY: checking mode validates each pointer below before any change.
     unsafe {
         assert_eq!(cache.free(NonNull::from(&mut local).cast()), Err(FreeError::Foreign));
         assert_eq!(cache.free(foreign), Err(FreeError::WrongCache));

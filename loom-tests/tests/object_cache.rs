@@ -29,7 +29,8 @@ use scalemem_loom_tests::run_model_long;
 const BRANCHES: usize = 20_000;
 
 /// Magazines of 2 rounds, no resizing.
-const TINY: MagConfig = MagConfig { initial_rounds: 2, min_rounds: 2, max_rounds: 2, grow_contention: 2, shrink_idle: 8 };
+const TINY: MagConfig =
+    MagConfig { initial_rounds: 2, min_rounds: 2, max_rounds: 2, grow_contention: 2, shrink_idle: 8 };
 
 /// A counter shared with the constructor or destructor.
 type Counter = std::sync::Arc<AtomicUsize>;

@@ -403,7 +403,8 @@ impl CacheBuilder {
             for_release.torn_down.fetch_add(1, Ordering::Release);
         });
         let live = PercpuRef::new(release)?;
-        let cpu = if config.locked { CpuCaches::new_locked(config.magazines) } else { CpuCaches::new(config.magazines) }?;
+        let cpu =
+            if config.locked { CpuCaches::new_locked(config.magazines) } else { CpuCaches::new(config.magazines) }?;
         let inner = Box::new(Inner {
             name,
             size,
