@@ -25,9 +25,16 @@ use scalemem::umem::slab::FreeError;
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// Managers leaked for `'static`, kept reachable from here so that LeakSanitizer does not
+/// report them.
+static LEAKED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
 /// A region manager ticked by hand, leaked for `'static`.
 fn manual(retain: usize) -> &'static Regions {
-    Box::leak(Box::new(Regions::builder().refcache(RefcacheConfig::manual()).retain(retain).build().unwrap()))
+    let regions: &'static Regions =
+        Box::leak(Box::new(Regions::builder().refcache(RefcacheConfig::manual()).retain(retain).build().unwrap()));
+    LEAKED.lock().unwrap().push(std::ptr::from_ref(regions) as usize);
+    regions
 }
 
 fn config() -> Config {
