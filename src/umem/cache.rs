@@ -93,7 +93,9 @@
 //! [`CacheError::OutOfMemory`] having changed nothing (the reference taken for it is
 //! dropped); a free whose magazine cannot be made sends the object to the slab layer.
 //! A panicking constructor or destructor leaks its chunk and its reference (the cache
-//! then never tears down; it stays usable).
+//! then never tears down; it stays usable). The background reaper runs destructors
+//! while it holds the registry lock: a destructor must not create or drop an
+//! [`ObjectCache`] (it would deadlock).
 //!
 //! # Invariants
 //!
@@ -435,14 +437,17 @@ impl CacheBuilder {
 /// The process-wide region manager (default Refcache: a background ticker).
 #[cfg(not(scalemem_loom))]
 fn default_regions() -> Result<&'static Regions, AllocError> {
-    static DEFAULT: std::sync::OnceLock<Regions> = std::sync::OnceLock::new();
-    if let Some(regions) = DEFAULT.get() {
+    if let Some(regions) = DEFAULT_REGIONS.get() {
         return Ok(regions);
     }
     let regions = Regions::new()?;
     // A racing thread may have won; its manager is the one kept (ours drops).
-    Ok(DEFAULT.get_or_init(|| regions))
+    Ok(DEFAULT_REGIONS.get_or_init(|| regions))
 }
+
+/// The process-wide region manager, once made.
+#[cfg(not(scalemem_loom))]
+static DEFAULT_REGIONS: std::sync::OnceLock<Regions> = std::sync::OnceLock::new();
 
 /// Under loom there is no process-wide manager: use [`CacheBuilder::regions`].
 #[cfg(scalemem_loom)]
@@ -899,7 +904,7 @@ impl fmt::Debug for ObjectCache {
 #[cfg(not(scalemem_loom))]
 pub fn global_stats() -> GlobalStats {
     let mut total = registry::sum();
-    if let Ok(regions) = default_regions() {
+    if let Some(regions) = DEFAULT_REGIONS.get() {
         total.regions = regions.stats();
     }
     total
