@@ -528,3 +528,35 @@ fn rss() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
     statm.split_whitespace().nth(1).and_then(|s| s.parse::<usize>().ok()).unwrap_or(0) * 4096
 }
+
+/// The background reaper (decay after one idle interval here) and the regions' own
+/// Refcache ticker give freed memory back to the OS with no further call into the
+/// cache: the program frees everything and then only sleeps.
+#[test]
+fn background_reaper_returns_memory_without_calls() {
+    let regions: &'static Regions = Box::leak(Box::new(Regions::new().unwrap()));
+    LEAKED.lock().unwrap().push(std::ptr::from_ref(regions) as usize);
+    let (cache, ctors, dtors) = obj_cache(regions, Config { reaper: true, decay_intervals: 1, ..Config::default() });
+    let objects: Vec<_> = (0..20_000).map(|_| cache.alloc().unwrap()).collect();
+    let peak = regions.stats().mapped_bytes;
+    let given_back = |r: &Regions| r.stats().returned_bytes + r.stats().unmapped_bytes;
+    let before = given_back(regions);
+    for p in objects {
+        // SAFETY: from this cache, once.
+        unsafe { cache.free(p) }.unwrap();
+    }
+    let start = std::time::Instant::now();
+    // Bound: (decay_intervals + 2) reaper intervals plus Refcache epochs; allow slack for
+    // a loaded machine.
+    while given_back(regions) - before < peak * 9 / 10 {
+        assert!(start.elapsed() < std::time::Duration::from_secs(20), "memory not given back: {:?}", regions.stats());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    eprintln!(
+        "reaper: {} KiB given back {:?} after the last free",
+        (given_back(regions) - before) >> 10,
+        start.elapsed()
+    );
+    assert_eq!(cache.stats().slabs, 0);
+    assert_eq!(ctors.load(Relaxed), dtors.load(Relaxed));
+}
