@@ -560,3 +560,66 @@ fn background_reaper_returns_memory_without_calls() {
     assert_eq!(cache.stats().slabs, 0);
     assert_eq!(ctors.load(Relaxed), dtors.load(Relaxed));
 }
+
+/// Real threads (rseq mode where available) allocating and freeing, some holding
+/// objects, while the main thread destroys the cache: afterwards no round is stranded,
+/// every constructed object is destructed once, and the teardown runs once.
+#[test]
+fn destroy_while_threads_allocate_and_free() {
+    const THREADS: usize = 8;
+    for round in 0..10 {
+        let magazines = MagConfig { initial_rounds: 3, ..MagConfig::default() };
+        let (cache, ctors, dtors) = obj_cache(manual(1), Config { magazines, ..config() });
+        let cache = Arc::new(cache);
+        let barrier = Arc::new(Barrier::new(THREADS + 1));
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (cache, barrier) = (Arc::clone(&cache), Arc::clone(&barrier));
+                std::thread::spawn(move || {
+                    let mut held = Vec::new();
+                    barrier.wait();
+                    let mut i = 0usize;
+                    loop {
+                        match cache.alloc() {
+                            Ok(p) => {
+                                assert_eq!(obj(p).owner.swap(t as u64 + 1, Relaxed), 0, "handed out twice");
+                                held.push(p);
+                            }
+                            Err(e) => {
+                                assert_eq!(e, CacheError::Destroyed);
+                                break;
+                            }
+                        }
+                        if held.len() > 4 + (i + t) % 7 {
+                            for p in held.drain(..) {
+                                obj(p).owner.store(0, Relaxed);
+                                // SAFETY: from this cache, once.
+                                unsafe { cache.free(p) }.unwrap();
+                            }
+                        }
+                        i += 1;
+                    }
+                    // Outstanding objects are freed after the destroy.
+                    for p in held {
+                        assert_eq!(obj(p).magic, MAGIC);
+                        obj(p).owner.store(0, Relaxed);
+                        // SAFETY: from this cache, once.
+                        unsafe { cache.free(p) }.unwrap();
+                    }
+                })
+            })
+            .collect();
+        barrier.wait();
+        std::thread::sleep(std::time::Duration::from_millis(2 + round));
+        cache.destroy();
+        assert_eq!(cache.alloc(), Err(CacheError::Destroyed));
+        for h in handles {
+            h.join().unwrap();
+        }
+        let stats = cache.stats();
+        assert_eq!(stats.teardowns, 1, "{stats:?}");
+        assert_eq!((stats.constructed, stats.cpu_rounds, stats.depot_full, stats.slabs), (0, 0, 0, 0), "{stats:?}");
+        assert_eq!(ctors.load(Relaxed), dtors.load(Relaxed));
+        cache.assert_valid();
+    }
+}
