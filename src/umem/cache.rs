@@ -43,7 +43,7 @@
 //! magazine, kill the `PercpuRef` (dropping its initial reference). From then on
 //! every alloc fails ([`CacheError::Destroyed`]) and every free goes straight to the slab
 //! layer. The reference reaches zero when the last constructed object has gone back to
-//! the slab layer, which is exactly "the last outstanding object is freed" (or the drain,
+//! the slab layer, which is exactly "the last outstanding object is freed" (or the kill,
 //! if none is outstanding); its release callback, the **teardown**, gives every (now
 //! empty) slab back to the regions. It runs exactly once, on the thread of that last put.
 //!
@@ -200,8 +200,10 @@ impl Default for Config {
     }
 }
 
-/// A snapshot of one cache (relaxed loads, and the slab lock for the slab counts): exact
-/// when quiescent, a hint otherwise.
+/// A snapshot of one cache: relaxed loads of the per-CPU state words and counters, plus
+/// the slab lock and the regions lock each taken once, briefly (no reconfiguration, no
+/// stop of the fast paths). Exact when quiescent, a hint otherwise; `in_use` counts each
+/// full depot magazine at the current magazine size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CacheStats {
