@@ -49,6 +49,7 @@
 #[cfg(not(target_pointer_width = "64"))]
 compile_error!("umem packs per-CPU magazine state into 64-bit words");
 
+pub mod cache;
 pub mod cpu_cache;
 mod depot;
 pub mod large;
@@ -59,4 +60,5 @@ pub mod sizeclass;
 pub mod slab;
 pub mod vmem;
 
+pub use cache::{CacheBox, CacheError, ObjectCache, TypedCache};
 pub use cpu_cache::{Config, CpuCaches, Stats};

@@ -1,0 +1,913 @@
+//! [`ObjectCache`]: libumem's object cache (`umem_cache_create`), the layer that joins the
+//! per-CPU magazines ([`CpuCaches`]) to the slab layer ([`SlabCache`]); and its typed
+//! face, [`TypedCache<T>`] handing out [`CacheBox<T>`]es.
+//!
+//! ```
+//! use scalemem::umem::cache::TypedCache;
+//!
+//! // The constructor runs when an object enters the cache from a slab, not on every
+//! // allocation: a freed buffer keeps its capacity for the next user.
+//! let cache = TypedCache::new("buffers", || Vec::<u8>::with_capacity(4096))?;
+//! let mut buf = cache.alloc()?;
+//! buf.clear();
+//! buf.extend_from_slice(b"hello");
+//! assert!(buf.capacity() >= 4096);
+//! drop(buf); // back to this CPU's magazine, still constructed
+//! # Ok::<(), scalemem::umem::cache::CacheError>(())
+//! ```
+//!
+//! # Protocol
+//!
+//! Objects outside the slab layer are always **constructed**: the constructor runs as a
+//! chunk leaves a slab, the destructor as it goes back.
+//!
+//! - **alloc**: if the cache is destroyed, fail. Pop a round from [`CpuCaches::alloc`]:
+//!   a hit is a constructed object. A miss takes a reference on the cache's [`PercpuRef`]
+//!   ([`tryget_live`](PercpuRef::tryget_live); failing: destroyed), a chunk from
+//!   [`SlabCache::alloc`], and runs the constructor; if either fails, the chunk goes back
+//!   and the reference is dropped ([`CacheError`]).
+//! - **free**: unless destroyed, push the object with [`CpuCaches::free`]; if refused
+//!   (`Err`), or destroyed, the object leaves: destructor, [`SlabCache::free`], put.
+//! - **reap / update / decay / destroy** drain rounds out of the magazines; each drained
+//!   round leaves the same way (destructor, slab free, put).
+//!
+//! So the `PercpuRef` counts the *constructed objects outside the slab layer* (in hands
+//! or in magazines), plus its initial reference. Its gets and puts happen only on the
+//! slab paths, which take the slab lock anyway; the magazine fast path touches no
+//! counter. (Each object in hand holding a per-CPU reference would cost two rseq
+//! additions per alloc/free pair for the same result.)
+//!
+//! # Destroy and teardown
+//!
+//! [`destroy`](ObjectCache::destroy): set the `dead` flag, [`fence::heavy`], drain every
+//! magazine, kill the `PercpuRef` (dropping its initial reference). From then on
+//! every alloc fails ([`CacheError::Destroyed`]) and every free goes straight to the slab
+//! layer. The reference reaches zero when the last constructed object has gone back to
+//! the slab layer, which is exactly "the last outstanding object is freed" (or the kill,
+//! if none is outstanding); its release callback, the **teardown**, gives every (now
+//! empty) slab back to the regions. It runs exactly once, on the thread of that last put.
+//!
+//! Why no round is stranded in a magazine after the drain: an alloc or free that began
+//! before `dead` was set may still be moving rounds (a push, or a full magazine in hand
+//! on its way to the depot) while the drain runs. Every alloc and free therefore ends
+//! with [`fence::light`] and a load of `dead`; destroy stores `dead` and calls
+//! [`fence::heavy`] before draining. Either the operation's load sees `dead` (it then
+//! drains again itself, serialised with destroy's drain by the magazine layer's
+//! reconfiguration mutex), or its stores, all before its light fence, are visible to
+//! the drain. The fast path pays one compiler fence and two loads of a read-mostly word.
+//!
+//! # Reaping and returning memory (defaults)
+//!
+//! - **Working set** (libumem's): every interval, [`update`](ObjectCache::update) ends
+//!   the depot's interval ([`CpuCaches::update`], which may also resize magazines) and
+//!   frees the magazines that stayed idle in the depot for the whole previous interval
+//!   ([`CpuCaches::reap`]): the minimum number of magazines used per interval stays, the
+//!   excess goes (rounds destructed into the slabs).
+//! - **Decay**: a cache whose slab layer saw no traffic (no miss) for
+//!   [`Config::decay_intervals`] intervals (default 10) is drained entirely and its empty
+//!   slabs are given back ([`SlabCache::shrink`]).
+//! - **Explicit**: [`reap`](ObjectCache::reap) drains every magazine and gives back every
+//!   empty slab now.
+//! - Slabs go back to their [`Regions`], whose Refcache releases a region after its count
+//!   of slabs has stayed zero for two epochs (the default regions tick in the background
+//!   every 10 ms) and gives its pages back to the kernel.
+//! - **The background reaper**: a thread, started lazily by the first cache made with
+//!   [`Config::reaper`] on (the default), calls `update` on every such cache every
+//!   [`REAP_INTERVAL`] (1 s). Memory freed by the program therefore goes back to the OS
+//!   within about `(decay_intervals + 2) * REAP_INTERVAL` plus two Refcache epochs (about
+//!   12 s by default) even if the program never calls the cache again. Tests turn the
+//!   reaper off and drive `update`, `reap` and [`Regions::tick`] by hand.
+//!
+//! # Checking mode
+//!
+//! [`Config::checking`] bypasses the magazines (every alloc constructs, every free
+//! destructs) and puts the slab layer in its checking mode: before the destructor runs,
+//! the pointer is looked up in the regions, so a foreign pointer, an interior pointer, a
+//! pointer of another cache and a double free are refused with a [`FreeError`] and
+//! nothing is changed; the slab layer adds redzones and poisoning. Off by default:
+//! without it, [`free`](ObjectCache::free) trusts its contract.
+//!
+//! # Faults
+//!
+//! When the kernel refuses memory (a new slab, a magazine), alloc returns
+//! [`CacheError::OutOfMemory`] having changed nothing (the reference taken for it is
+//! dropped); a free whose magazine cannot be made sends the object to the slab layer.
+//! A panicking constructor or destructor leaks its chunk and its reference (the cache
+//! then never tears down; it stays usable). The background reaper runs destructors
+//! while it holds the registry lock: a destructor must not create or drop an
+//! [`ObjectCache`] (it would deadlock).
+//!
+//! # Invariants
+//!
+//! - Count of the `PercpuRef` = 1 (until destroy) + constructed objects outside the slab
+//!   layer; the slab layer's allocated count equals the latter whenever no slab path is
+//!   mid-flight.
+//! - Constructor calls - destructor calls = constructed objects outside the slab layer.
+//! - After destroy, no round is cached once every operation that began before it has
+//!   returned; teardown runs once, after which the slab layer holds no slab.
+//! - Nothing on the alloc/free paths allocates through the global allocator (the
+//!   constructor and destructor are the caller's); creation and destruction may.
+
+use core::fmt;
+use core::mem::ManuallyDrop;
+use core::ptr::NonNull;
+use std::sync::Arc;
+
+use super::cpu_cache::{self, CpuCaches};
+use super::region::{PAGE, RegionStats, Regions};
+use super::slab::{FreeError, MAX_SIZE, SlabCache};
+use crate::cpu::fence;
+use crate::refcount::PercpuRef;
+use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use crate::util::AllocError;
+
+mod registry;
+mod typed;
+
+pub use typed::{CacheBox, TypedCache};
+
+/// How often the background reaper visits every cache (one working-set interval).
+pub const REAP_INTERVAL: core::time::Duration = core::time::Duration::from_secs(1);
+
+/// A constructor: makes the raw chunk at the pointer (`size` bytes, aligned) a valid
+/// object, or fails (the chunk goes back to the slab layer).
+pub type Ctor = Box<dyn Fn(NonNull<u8>) -> Result<(), AllocError> + Send + Sync>;
+/// A destructor: ends the object at the pointer, leaving raw memory.
+pub type Dtor = Box<dyn Fn(NonNull<u8>) + Send + Sync>;
+
+/// Why an allocation failed. Every layer is unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheError {
+    /// The kernel refused memory (a slab, or the cache's own state at creation), or the
+    /// size or alignment cannot be served.
+    OutOfMemory,
+    /// The constructor failed.
+    Constructor,
+    /// The cache was destroyed.
+    Destroyed,
+}
+
+impl fmt::Display for CacheError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::OutOfMemory => "out of memory",
+            Self::Constructor => "the constructor failed",
+            Self::Destroyed => "the cache was destroyed",
+        })
+    }
+}
+
+impl std::error::Error for CacheError {}
+
+impl From<AllocError> for CacheError {
+    fn from(_: AllocError) -> Self {
+        Self::OutOfMemory
+    }
+}
+
+/// Tuning of an [`ObjectCache`].
+///
+/// ```
+/// let config = scalemem::umem::cache::Config { reaper: false, ..Default::default() };
+/// assert_eq!(config.decay_intervals, 10);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// The magazine layer's tuning (default: [`cpu_cache::Config::default`], 15 rounds).
+    pub magazines: cpu_cache::Config,
+    /// Magazines in locked mode even where rseq is available (default: off).
+    pub locked: bool,
+    /// Checking mode (module documentation; default: off).
+    pub checking: bool,
+    /// Empty slabs the slab layer keeps between reaps (default: 2).
+    pub max_empty_slabs: usize,
+    /// Intervals without slab traffic after which the cache is drained (default: 10).
+    pub decay_intervals: usize,
+    /// Whether the background reaper maintains this cache (default: on).
+    pub reaper: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            magazines: cpu_cache::Config::default(),
+            locked: false,
+            checking: false,
+            max_empty_slabs: 2,
+            decay_intervals: 10,
+            reaper: true,
+        }
+    }
+}
+
+/// A snapshot of one cache: relaxed loads of the per-CPU state words and counters, plus
+/// the slab lock and the regions lock each taken once, briefly (no reconfiguration, no
+/// stop of the fast paths). Exact when quiescent, a hint otherwise; `in_use` counts each
+/// full depot magazine at the current magazine size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CacheStats {
+    /// The cache's name.
+    pub name: &'static str,
+    /// Object size.
+    pub size: usize,
+    /// Objects handed out and not freed (constructed, outside the magazines).
+    pub in_use: usize,
+    /// Constructed objects outside the slab layer (in use or cached).
+    pub constructed: usize,
+    /// Rounds in the CPUs' loaded and previous magazines.
+    pub cpu_rounds: usize,
+    /// Full magazines in the depot.
+    pub depot_full: usize,
+    /// Empty magazines in the depot.
+    pub depot_empty: usize,
+    /// Rounds per magazine now.
+    pub magazine_size: usize,
+    /// Failed depot CAS attempts since creation.
+    pub depot_contention: usize,
+    /// Constructor calls so far.
+    pub ctor_calls: usize,
+    /// Destructor calls so far.
+    pub dtor_calls: usize,
+    /// Slabs the cache holds now.
+    pub slabs: usize,
+    /// Bytes of those slabs.
+    pub slab_bytes: usize,
+    /// Whether [`ObjectCache::destroy`] ran.
+    pub destroyed: bool,
+    /// Whether the teardown ran (destroyed and every object back).
+    pub torn_down: bool,
+    /// Times the teardown ran (0 or 1).
+    pub teardowns: usize,
+    /// The counters of the cache's region manager (bytes from and back to the OS).
+    pub regions: RegionStats,
+}
+
+/// Sums over every live cache, plus the default region manager (see [`global_stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct GlobalStats {
+    /// Live caches.
+    pub caches: usize,
+    /// Objects in use, over all caches.
+    pub in_use: usize,
+    /// Rounds in CPU magazines, over all caches.
+    pub cpu_rounds: usize,
+    /// Full depot magazines, over all caches.
+    pub depot_full: usize,
+    /// Empty depot magazines, over all caches.
+    pub depot_empty: usize,
+    /// Failed depot CAS attempts, over all caches.
+    pub depot_contention: usize,
+    /// Bytes of slabs, over all caches.
+    pub slab_bytes: usize,
+    /// The default region manager's counters (mapped bytes, bytes given back).
+    pub regions: RegionStats,
+}
+
+/// What the release callback (the teardown) needs.
+struct Shared {
+    slab: SlabCache<'static>,
+    torn_down: AtomicUsize,
+}
+
+/// The cache's state, at a stable address (the reaper's registry points at it).
+struct Inner {
+    name: &'static str,
+    size: usize,
+    checking: bool,
+    decay_intervals: usize,
+    cpu: CpuCaches,
+    shared: Arc<Shared>,
+    regions: &'static Regions,
+    /// Counts constructed objects outside the slab layer (module documentation).
+    live: ManuallyDrop<PercpuRef<Box<dyn Fn() + Send + Sync>>>,
+    dead: AtomicBool,
+    ctor: Option<Ctor>,
+    dtor: Option<Dtor>,
+    ctor_calls: AtomicUsize,
+    dtor_calls: AtomicUsize,
+    /// Slab-path operations so far (the decay's activity measure).
+    misses: AtomicUsize,
+    /// Misses seen by the last `update`, and intervals since they last changed.
+    decay: AtomicUsize,
+}
+
+/// An object cache: objects of one size and alignment, constructed once as they enter
+/// from the slab layer and cached constructed in per-CPU magazines (see the module
+/// documentation for the protocol, reaping and teardown). `Send + Sync`.
+///
+/// ```
+/// use std::ptr::NonNull;
+/// use scalemem::umem::cache::ObjectCache;
+///
+/// let cache = ObjectCache::new(
+///     "u64x4",
+///     32,
+///     8,
+///     Some(Box::new(|p: NonNull<u8>| {
+///         // SAFETY: the constructor gets 32 writable bytes aligned to 8.
+///         unsafe { p.cast::<[u64; 4]>().write([7; 4]) };
+///         Ok(())
+///     })),
+///     None,
+/// )?;
+/// let p = cache.alloc()?;
+/// // SAFETY: a constructed [u64; 4].
+/// assert_eq!(unsafe { p.cast::<[u64; 4]>().read() }, [7; 4]);
+/// // SAFETY: from this cache, freed once.
+/// unsafe { cache.free(p) }.unwrap();
+/// # Ok::<(), scalemem::umem::cache::CacheError>(())
+/// ```
+pub struct ObjectCache {
+    inner: NonNull<Inner>,
+}
+
+// SAFETY: `Inner` is made of Send + Sync parts (atomics, the Send + Sync magazine and
+// slab layers, `Send + Sync` callbacks, a `&'static Regions`), owned through a box:
+// - Send: nothing in it is tied to the creating thread;
+// - Sync: every method takes `&self` and synchronises through those parts.
+unsafe impl Send for ObjectCache {}
+// SAFETY: see `Send` above.
+unsafe impl Sync for ObjectCache {}
+
+/// Builds an [`ObjectCache`].
+///
+/// ```
+/// use scalemem::umem::cache::{Config, ObjectCache};
+/// let cache = ObjectCache::builder("raw", 100, 16).config(Config { reaper: false, ..Config::default() }).build()?;
+/// assert_eq!(cache.stats().size, 100);
+/// # Ok::<(), scalemem::umem::cache::CacheError>(())
+/// ```
+pub struct CacheBuilder {
+    name: &'static str,
+    size: usize,
+    align: usize,
+    ctor: Option<Ctor>,
+    dtor: Option<Dtor>,
+    config: Config,
+    regions: Option<&'static Regions>,
+}
+
+impl fmt::Debug for CacheBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CacheBuilder")
+            .field("name", &self.name)
+            .field("size", &self.size)
+            .field("align", &self.align)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CacheBuilder {
+    /// The constructor (default: none, objects are raw memory).
+    pub fn ctor(mut self, ctor: Ctor) -> Self {
+        self.ctor = Some(ctor);
+        self
+    }
+
+    /// The destructor (default: none).
+    pub fn dtor(mut self, dtor: Dtor) -> Self {
+        self.dtor = Some(dtor);
+        self
+    }
+
+    /// The configuration (default: [`Config::default`]).
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The region manager (default: the process-wide one, made on first use and never
+    /// dropped).
+    pub fn regions(mut self, regions: &'static Regions) -> Self {
+        self.regions = Some(regions);
+        self
+    }
+
+    /// Makes the cache. Fails for a size of zero or above [`MAX_SIZE`], an alignment
+    /// that is not a power of two or is above [`PAGE`], or if the kernel refuses memory.
+    pub fn build(self) -> Result<ObjectCache, CacheError> {
+        let Self { name, size, align, ctor, dtor, config, regions } = self;
+        if size == 0 || size > MAX_SIZE || !align.is_power_of_two() || align > PAGE {
+            return Err(CacheError::OutOfMemory);
+        }
+        let regions = match regions {
+            Some(regions) => regions,
+            None => default_regions()?,
+        };
+        let slab = SlabCache::builder(regions, name, size, align)
+            .checking(config.checking)
+            .max_empty(config.max_empty_slabs)
+            .build()?;
+        let shared = Arc::new(Shared { slab, torn_down: AtomicUsize::new(0) });
+        let for_release = Arc::clone(&shared);
+        let release: Box<dyn Fn() + Send + Sync> = Box::new(move || {
+            // The teardown: every constructed object is back in the slab layer, so
+            // every slab is empty; give them all back.
+            for_release.slab.shrink();
+            // Release: pairs with the Acquire in `stats`.
+            for_release.torn_down.fetch_add(1, Ordering::Release);
+        });
+        let live = PercpuRef::new(release)?;
+        let cpu =
+            if config.locked { CpuCaches::new_locked(config.magazines) } else { CpuCaches::new(config.magazines) }?;
+        let inner = Box::new(Inner {
+            name,
+            size,
+            checking: config.checking,
+            decay_intervals: config.decay_intervals.max(1),
+            cpu,
+            shared,
+            regions,
+            live: ManuallyDrop::new(live),
+            dead: AtomicBool::new(false),
+            ctor,
+            dtor,
+            ctor_calls: AtomicUsize::new(0),
+            dtor_calls: AtomicUsize::new(0),
+            misses: AtomicUsize::new(0),
+            decay: AtomicUsize::new(0),
+        });
+        let cache = ObjectCache { inner: NonNull::from(Box::leak(inner)) };
+        registry::add(cache.inner, config.reaper);
+        Ok(cache)
+    }
+}
+
+/// The process-wide region manager (default Refcache: a background ticker).
+#[cfg(not(scalemem_loom))]
+fn default_regions() -> Result<&'static Regions, AllocError> {
+    if let Some(regions) = DEFAULT_REGIONS.get() {
+        return Ok(regions);
+    }
+    let regions = Regions::new()?;
+    // A racing thread may have won; its manager is the one kept (ours drops).
+    Ok(DEFAULT_REGIONS.get_or_init(|| regions))
+}
+
+/// The process-wide region manager, once made.
+#[cfg(not(scalemem_loom))]
+static DEFAULT_REGIONS: std::sync::OnceLock<Regions> = std::sync::OnceLock::new();
+
+/// Under loom there is no process-wide manager: use [`CacheBuilder::regions`].
+#[cfg(scalemem_loom)]
+fn default_regions() -> Result<&'static Regions, AllocError> {
+    Err(AllocError)
+}
+
+impl ObjectCache {
+    /// libumem's `umem_cache_create`: a cache of `size`-byte objects aligned to `align`
+    /// over the process-wide region manager, with the default [`Config`] (the
+    /// background reaper on).
+    ///
+    /// ```
+    /// let cache = scalemem::umem::cache::ObjectCache::new("plain", 24, 8, None, None)?;
+    /// let p = cache.alloc()?;
+    /// // SAFETY: from this cache, freed once.
+    /// unsafe { cache.free(p) }.unwrap();
+    /// # Ok::<(), scalemem::umem::cache::CacheError>(())
+    /// ```
+    pub fn new(
+        name: &'static str,
+        size: usize,
+        align: usize,
+        ctor: Option<Ctor>,
+        dtor: Option<Dtor>,
+    ) -> Result<Self, CacheError> {
+        let mut builder = Self::builder(name, size, align);
+        builder.ctor = ctor;
+        builder.dtor = dtor;
+        builder.build()
+    }
+
+    /// [`new`](Self::new) over `regions` (for instance one with a manual Refcache, ticked
+    /// by hand), with the given configuration.
+    ///
+    /// ```
+    /// use scalemem::umem::cache::{Config, ObjectCache};
+    /// use scalemem::umem::region::Regions;
+    /// let regions: &'static Regions = Box::leak(Box::new(
+    ///     Regions::builder().refcache(scalemem::refcount::Config::manual()).build()?,
+    /// ));
+    /// let config = Config { reaper: false, ..Config::default() };
+    /// let cache = ObjectCache::new_in(regions, "mine", 64, 64, None, None, config)?;
+    /// assert_eq!(cache.alloc()?.as_ptr() as usize % 64, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn new_in(
+        regions: &'static Regions,
+        name: &'static str,
+        size: usize,
+        align: usize,
+        ctor: Option<Ctor>,
+        dtor: Option<Dtor>,
+        config: Config,
+    ) -> Result<Self, CacheError> {
+        let mut builder = Self::builder(name, size, align).regions(regions).config(config);
+        builder.ctor = ctor;
+        builder.dtor = dtor;
+        builder.build()
+    }
+
+    /// A builder, for the options [`new`](Self::new) does not take.
+    pub fn builder(name: &'static str, size: usize, align: usize) -> CacheBuilder {
+        CacheBuilder { name, size, align, ctor: None, dtor: None, config: Config::default(), regions: None }
+    }
+
+    fn inner(&self) -> &Inner {
+        // SAFETY: leaked from a box in `build`, freed only in `drop`.
+        unsafe { self.inner.as_ref() }
+    }
+
+    /// A constructed object: from this CPU's magazines if they hold one, else a chunk
+    /// from the slab layer, constructed now. Never allocates through the global
+    /// allocator (beyond what the constructor does).
+    ///
+    /// ```
+    /// let cache = scalemem::umem::cache::ObjectCache::new("a", 8, 8, None, None)?;
+    /// cache.destroy();
+    /// assert_eq!(cache.alloc(), Err(scalemem::umem::cache::CacheError::Destroyed));
+    /// # Ok::<(), scalemem::umem::cache::CacheError>(())
+    /// ```
+    #[inline]
+    pub fn alloc(&self) -> Result<NonNull<u8>, CacheError> {
+        self.inner().alloc()
+    }
+
+    /// Gives back an object: to this CPU's magazines (still constructed), or, if they
+    /// have no room, the cache is destroyed, or checking mode is on, destructed into
+    /// the slab layer. `Err` only when the slab layer refuses the pointer (always
+    /// checked in checking mode, where nothing is changed then; otherwise only when the
+    /// object reaches the slab layer, after its destructor ran).
+    ///
+    /// # Safety
+    /// 1. Outside checking mode: `ptr` came from [`alloc`](Self::alloc) of this cache
+    ///    and is freed once (in checking mode a violation is refused, not undefined).
+    /// 2. The object is constructed (as the constructor or an earlier user left it,
+    ///    in a state the destructor accepts), and nobody uses it any more.
+    ///
+    /// ```
+    /// let cache = scalemem::umem::cache::ObjectCache::new("f", 8, 8, None, None)?;
+    /// let p = cache.alloc()?;
+    /// // SAFETY: (1) from this cache, once. (2) No constructor: raw memory.
+    /// unsafe { cache.free(p) }.unwrap();
+    /// # Ok::<(), scalemem::umem::cache::CacheError>(())
+    /// ```
+    #[inline]
+    pub unsafe fn free(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
+        // SAFETY: the caller's (1) and (2).
+        unsafe { self.inner().free(ptr) }
+    }
+
+    /// Kills the cache: allocation fails from now on, every cached object is destructed
+    /// into the slab layer, and objects still in use stay valid and may be freed (each
+    /// goes straight to the slab layer). When the last one is freed (at once if none is
+    /// out) the teardown gives every slab back to the regions. Idempotent.
+    ///
+    /// ```
+    /// let cache = scalemem::umem::cache::ObjectCache::new("d", 16, 8, None, None)?;
+    /// let p = cache.alloc()?;
+    /// cache.destroy();
+    /// assert!(!cache.stats().torn_down);
+    /// // SAFETY: from this cache, freed once.
+    /// unsafe { cache.free(p) }.unwrap();
+    /// assert!(cache.stats().torn_down);
+    /// # Ok::<(), scalemem::umem::cache::CacheError>(())
+    /// ```
+    pub fn destroy(&self) {
+        self.inner().destroy();
+    }
+
+    /// Reaps now: drains every magazine (destructing the rounds into the slab layer) and
+    /// gives every empty slab back to the regions. Returns the rounds drained. The
+    /// regions give the memory back to the kernel after two Refcache epochs.
+    ///
+    /// ```
+    /// let cache = scalemem::umem::cache::ObjectCache::new("r", 64, 8, None, None)?;
+    /// let p = cache.alloc()?;
+    /// // SAFETY: from this cache, freed once.
+    /// unsafe { cache.free(p) }.unwrap();
+    /// cache.reap();
+    /// assert_eq!((cache.stats().cpu_rounds, cache.stats().slabs), (0, 0));
+    /// # Ok::<(), scalemem::umem::cache::CacheError>(())
+    /// ```
+    pub fn reap(&self) -> usize {
+        self.inner().reap()
+    }
+
+    /// One working-set interval (what the background reaper calls every
+    /// [`REAP_INTERVAL`]): magazine sizing, the depot's idle magazines freed, and the
+    /// decay (module documentation). Returns the rounds sent to the slab layer.
+    ///
+    /// ```
+    /// let cache = scalemem::umem::cache::ObjectCache::new("u", 64, 8, None, None)?;
+    /// assert_eq!(cache.update(), 0);
+    /// # Ok::<(), scalemem::umem::cache::CacheError>(())
+    /// ```
+    pub fn update(&self) -> usize {
+        self.inner().update()
+    }
+
+    /// Counters (see [`CacheStats`]).
+    ///
+    /// ```
+    /// let cache = scalemem::umem::cache::ObjectCache::new("s", 64, 8, None, None)?;
+    /// let p = cache.alloc()?;
+    /// assert_eq!(cache.stats().in_use, 1);
+    /// # unsafe { cache.free(p) }.unwrap();
+    /// # Ok::<(), scalemem::umem::cache::CacheError>(())
+    /// ```
+    pub fn stats(&self) -> CacheStats {
+        self.inner().stats()
+    }
+
+    /// Panics if a layer's invariants fail (quiescent use only: tests).
+    ///
+    /// ```
+    /// scalemem::umem::cache::ObjectCache::new("v", 8, 8, None, None)?.assert_valid();
+    /// # Ok::<(), scalemem::umem::cache::CacheError>(())
+    /// ```
+    pub fn assert_valid(&self) {
+        let inner = self.inner();
+        inner.cpu.assert_valid();
+        inner.shared.slab.assert_valid();
+        let stats = inner.stats();
+        assert_eq!(stats.ctor_calls - stats.dtor_calls, stats.constructed, "cache: constructed objects");
+        let allocated = inner.shared.slab.stats().allocated;
+        assert_eq!(allocated, stats.constructed, "cache: slab objects vs constructed");
+    }
+}
+
+impl Inner {
+    #[inline]
+    fn is_dead(&self) -> bool {
+        // Acquire: pairs with the SeqCst swap in `destroy`. A hint that sends a free
+        // straight to the slab layer; `settle` gives the guarantee that matters.
+        self.dead.load(Ordering::Acquire)
+    }
+
+    /// The end of every alloc and free (module documentation, "Destroy and teardown"):
+    /// if destroy may have missed rounds this operation moved, drain them.
+    #[inline]
+    fn settle(&self) {
+        // Light side: pairs with the heavy fence in `destroy`; orders this operation's
+        // magazine stores before the load of `dead`.
+        fence::light();
+        if self.dead.load(Ordering::Relaxed) {
+            self.drain_all();
+        }
+    }
+
+    #[inline]
+    fn alloc(&self) -> Result<NonNull<u8>, CacheError> {
+        if self.is_dead() {
+            return Err(CacheError::Destroyed);
+        }
+        if !self.checking
+            && let Some(round) = self.cpu.alloc()
+        {
+            self.settle();
+            return Ok(round);
+        }
+        let result = self.alloc_slow();
+        if !self.checking {
+            self.settle();
+        }
+        result
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn alloc_slow(&self) -> Result<NonNull<u8>, CacheError> {
+        if !self.live.tryget_live() {
+            return Err(CacheError::Destroyed);
+        }
+        // Relaxed: a statistic and the decay's activity measure.
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        let chunk = match self.shared.slab.alloc() {
+            Ok(chunk) => chunk,
+            Err(AllocError) => {
+                self.live.put();
+                return Err(CacheError::OutOfMemory);
+            }
+        };
+        if let Some(ctor) = &self.ctor
+            && ctor(chunk).is_err()
+        {
+            // SAFETY: just allocated from this slab cache, freed once.
+            let freed = unsafe { self.shared.slab.free(chunk) };
+            debug_assert!(freed.is_ok());
+            self.live.put();
+            return Err(CacheError::Constructor);
+        }
+        // Relaxed: a statistic.
+        self.ctor_calls.fetch_add(1, Ordering::Relaxed);
+        Ok(chunk)
+    }
+
+    /// # Safety
+    /// As [`ObjectCache::free`].
+    #[inline]
+    unsafe fn free(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
+        if self.checking {
+            // SAFETY: the caller's (2); checking mode validates (1) before any change.
+            return unsafe { self.free_checked(ptr) };
+        }
+        if self.is_dead() {
+            // SAFETY: the caller's (1) and (2).
+            return unsafe { self.to_slab(ptr) };
+        }
+        let result = match self.cpu.free(ptr) {
+            Ok(()) => Ok(()),
+            // SAFETY: the caller's (1) and (2).
+            Err(ptr) => unsafe { self.to_slab(ptr) },
+        };
+        self.settle();
+        result
+    }
+
+    /// # Safety
+    /// The object is constructed and unused (pointer validity is checked here).
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_checked(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
+        let Some(found) = self.regions.lookup(ptr.as_ptr()) else { return Err(FreeError::Foreign) };
+        if found.cache != self.shared.slab.id() {
+            return Err(FreeError::WrongCache);
+        }
+        if found.base != ptr {
+            return Err(FreeError::NotObjectBase);
+        }
+        if !found.allocated {
+            return Err(FreeError::NotAllocated);
+        }
+        // SAFETY: validated above as an allocated object of ours; constructed and unused
+        // by the caller's contract. (Two threads racing to free one pointer both pass
+        // the check; the slab layer then refuses the second after its destructor ran:
+        // checking mode catches sequential double frees.)
+        unsafe { self.to_slab(ptr) }
+    }
+
+    /// The way out of the cache: destructor, slab free, put.
+    ///
+    /// # Safety
+    /// `ptr` is a constructed object of this cache, outside the magazines, unused.
+    unsafe fn to_slab(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
+        if let Some(dtor) = &self.dtor {
+            dtor(ptr);
+        }
+        // Relaxed: a statistic (the decay's activity measure too).
+        self.dtor_calls.fetch_add(1, Ordering::Relaxed);
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: an allocated chunk of our slab cache (the caller's), freed once.
+        let result = unsafe { self.shared.slab.free(ptr) };
+        if result.is_ok() {
+            // The object's reference; the last one runs the teardown.
+            self.live.put();
+        }
+        result
+    }
+
+    /// A sink for the magazine layer's drains: each round leaves the cache.
+    fn sink(&self) -> impl FnMut(NonNull<u8>) + '_ {
+        |round| {
+            // SAFETY: a round is a constructed object of this cache that the magazine
+            // layer has just handed over (it is nowhere else).
+            let freed = unsafe { self.to_slab(round) };
+            debug_assert!(freed.is_ok());
+        }
+    }
+
+    fn drain_all(&self) -> usize {
+        let mut count = 0;
+        let mut sink = self.sink();
+        self.cpu.drain(|round| {
+            count += 1;
+            sink(round);
+        });
+        count
+    }
+
+    fn destroy(&self) {
+        // SeqCst, then the heavy fence: pairs with the light fence in `settle`.
+        if self.dead.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        fence::heavy();
+        // Dropping the initial reference cannot release: not while objects are cached.
+        // If none is (and none in use), the drain below does nothing and the kill's own
+        // put runs the teardown.
+        self.drain_all();
+        self.live.kill();
+    }
+
+    fn reap(&self) -> usize {
+        let drained = self.drain_all();
+        self.shared.slab.shrink();
+        drained
+    }
+
+    fn update(&self) -> usize {
+        if self.is_dead() {
+            return 0;
+        }
+        let mut count = 0;
+        let mut sink = self.sink();
+        let mut counted = |round| {
+            count += 1;
+            sink(round);
+        };
+        self.cpu.update(&mut counted);
+        self.cpu.reap(&mut counted);
+        // Decay: intervals without slab traffic. Relaxed: statistics; concurrent
+        // updates at worst count an interval twice.
+        // The word packs (idle intervals << 32 | low 32 bits of the misses seen).
+        let misses = self.misses.load(Ordering::Relaxed) & 0xFFFF_FFFF;
+        let word = self.decay.load(Ordering::Relaxed);
+        let (seen, idle) = (word & 0xFFFF_FFFF, word >> 32);
+        let idle = if seen == misses { idle + 1 } else { 0 };
+        let mut idle = idle.min(u32::MAX as usize);
+        if idle >= self.decay_intervals {
+            count += self.drain_all();
+            self.shared.slab.shrink();
+            idle = 0;
+        }
+        // Re-read the misses: the decay's own drain is not traffic.
+        let misses = self.misses.load(Ordering::Relaxed) & 0xFFFF_FFFF;
+        self.decay.store(idle << 32 | misses, Ordering::Relaxed);
+        count
+    }
+
+    fn stats(&self) -> CacheStats {
+        let cpu = self.cpu.stats();
+        let slab = self.shared.slab.stats();
+        // Relaxed: statistics.
+        let ctor_calls = self.ctor_calls.load(Ordering::Relaxed);
+        let dtor_calls = self.dtor_calls.load(Ordering::Relaxed);
+        let constructed = ctor_calls.saturating_sub(dtor_calls);
+        let cached = cpu.cpu_rounds + cpu.depot_full * cpu.magazine_size;
+        let slabs = slab.partial + slab.full + slab.empty;
+        // Acquire: pairs with the Release in the teardown.
+        let teardowns = self.shared.torn_down.load(Ordering::Acquire);
+        CacheStats {
+            name: self.name,
+            size: self.size,
+            in_use: constructed.saturating_sub(cached),
+            constructed,
+            cpu_rounds: cpu.cpu_rounds,
+            depot_full: cpu.depot_full,
+            depot_empty: cpu.depot_empty,
+            magazine_size: cpu.magazine_size,
+            depot_contention: cpu.contention,
+            ctor_calls,
+            dtor_calls,
+            slabs,
+            slab_bytes: slabs * slab.slab_pages * PAGE,
+            // Relaxed: a statistic.
+            destroyed: self.dead.load(Ordering::Relaxed),
+            torn_down: teardowns > 0,
+            teardowns,
+            regions: self.regions.stats(),
+        }
+    }
+}
+
+impl Drop for ObjectCache {
+    /// Destroys the cache if needed and frees its state. Objects still in use (from the
+    /// raw API) are lost with the slabs.
+    fn drop(&mut self) {
+        registry::remove(self.inner);
+        self.inner().destroy();
+        // SAFETY: leaked from a box in `build`; the registry no longer names it and
+        // `&mut self` means no other user.
+        let mut inner = unsafe { Box::from_raw(self.inner.as_ptr()) };
+        // SAFETY: dropped once, here. Its release callback holds its own `Arc<Shared>`.
+        unsafe { ManuallyDrop::drop(&mut inner.live) };
+    }
+}
+
+impl fmt::Debug for ObjectCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ObjectCache").field("name", &self.inner().name).field("stats", &self.stats()).finish()
+    }
+}
+
+/// Counters summed over every live cache, and the default region manager's (if made).
+///
+/// ```
+/// let cache = scalemem::umem::cache::ObjectCache::new("g", 40, 8, None, None)?;
+/// let p = cache.alloc()?;
+/// assert!(scalemem::umem::cache::global_stats().in_use >= 1);
+/// # unsafe { cache.free(p) }.unwrap();
+/// # Ok::<(), scalemem::umem::cache::CacheError>(())
+/// ```
+#[cfg(not(scalemem_loom))]
+pub fn global_stats() -> GlobalStats {
+    let mut total = registry::sum();
+    if let Some(regions) = DEFAULT_REGIONS.get() {
+        total.regions = regions.stats();
+    }
+    total
+}
