@@ -47,7 +47,7 @@ struct Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        if self.id % 1000 == 0 {
+        if self.id.is_multiple_of(1000) {
             println!("connection {} closed", self.id);
         }
     }

@@ -96,7 +96,7 @@ pub fn run(secs: f64, threads: usize) -> Report {
                 let (mut enqueued, mut dequeued, mut updates, mut last_seen) = (0usize, 0usize, 0usize, 0usize);
                 barrier.wait();
                 let mut round = 0usize;
-                while round % 64 != 0 || Instant::now() < deadline {
+                while !round.is_multiple_of(64) || Instant::now() < deadline {
                     let burst = 1 + (round + t) % 8;
                     for _ in 0..burst {
                         let id = next_id.fetch_add(1, Relaxed);
@@ -118,7 +118,7 @@ pub fn run(secs: f64, threads: usize) -> Report {
                             dequeued += 1;
                         }
                     }
-                    if round % 4 == 0 {
+                    if round.is_multiple_of(4) {
                         arc.rcu(|v| v + 1);
                         updates += 1;
                     }

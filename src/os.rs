@@ -88,7 +88,7 @@ pub(crate) unsafe fn unmap(ptr: NonNull<u8>, len: usize) {
 #[cfg(not(scalemem_loom))]
 pub(crate) fn map_aligned(len: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
     let page = page_size();
-    if len == 0 || len % page != 0 || !align.is_power_of_two() || align < page {
+    if len == 0 || !len.is_multiple_of(page) || !align.is_power_of_two() || align < page {
         return Err(AllocError);
     }
     let total = len.checked_add(align - page).ok_or(AllocError)?;

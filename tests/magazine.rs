@@ -270,7 +270,7 @@ fn conserves_rounds(caches: CpuCaches) {
                 rng ^= rng >> 7;
                 rng ^= rng << 17;
                 // Bias towards keeping a few objects in hand so frees have work to do.
-                if rng % 2 == 0 || hand.len() < 3 {
+                if rng.is_multiple_of(2) || hand.len() < 3 {
                     match caches.alloc() {
                         Some(p) => {
                             hits += 1;

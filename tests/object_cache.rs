@@ -445,7 +445,7 @@ fn sixteen_threads_allocate_and_free_across_threads() {
                     rng ^= rng << 13;
                     rng ^= rng >> 7;
                     rng ^= rng << 17;
-                    if rng % 3 != 0 || mine.is_empty() {
+                    if !rng.is_multiple_of(3) || mine.is_empty() {
                         let p = cache.alloc().unwrap();
                         let o = obj(p);
                         assert_eq!(o.magic, MAGIC);
@@ -454,7 +454,7 @@ fn sixteen_threads_allocate_and_free_across_threads() {
                         let stamp = me << 32 | i as u64;
                         o.stamp = stamp;
                         allocated.fetch_add(1, Relaxed);
-                        if rng % 5 == 0 {
+                        if rng.is_multiple_of(5) {
                             // Free it on another thread.
                             let to = (t + 1 + (rng as usize >> 8) % (THREADS - 1)) % THREADS;
                             mailboxes[to].lock().unwrap().push((p.as_ptr() as usize, stamp));

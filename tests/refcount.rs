@@ -656,7 +656,7 @@ fn refcache_stress_never_frees_a_referenced_object() {
                     }
                     _ => {}
                 }
-                if op % 32 == 0 {
+                if op.is_multiple_of(32) {
                     for (id, r) in &held {
                         assert_eq!(drops[*id].load(SeqCst), 0, "object {id} dropped while referenced");
                         assert_eq!(r.id, *id);

@@ -120,7 +120,7 @@ fn stack_conserves_tokens<const N: usize>(mut stack: PerCpuStack<u8, N>) {
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
-            if rng % 2 == 0 {
+            if rng.is_multiple_of(2) {
                 let item = hand.pop().map_or_else(
                     || {
                         created += 1;
@@ -317,7 +317,7 @@ mod magazine_sections {
                 rng ^= rng << 13;
                 rng ^= rng >> 7;
                 rng ^= rng << 17;
-                let push = rng % 2 == 0;
+                let push = rng.is_multiple_of(2);
                 let done = if push {
                     let item = hand.pop().unwrap_or_else(|| {
                         created += 1;

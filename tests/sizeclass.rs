@@ -8,7 +8,7 @@ use scalemem::umem::sizeclass::{
 /// The answer by definition: the first class (the table is sorted) at least `size` and a
 /// multiple of `align`.
 fn brute(size: usize, align: usize) -> Option<usize> {
-    CLASSES.iter().position(|&c| c as usize >= size.max(1) && c as usize % align == 0)
+    CLASSES.iter().position(|&c| c as usize >= size.max(1) && (c as usize).is_multiple_of(align))
 }
 
 #[test]
@@ -26,7 +26,7 @@ fn table_shape() {
         assert_eq!(idx.get(), i);
         assert_eq!(class_size(idx), c as usize);
         let a = class_align(idx);
-        assert!(a.is_power_of_two() && a <= MAX_ALIGN && c as usize % a == 0);
+        assert!(a.is_power_of_two() && a <= MAX_ALIGN && (c as usize).is_multiple_of(a));
         if (16..=64).contains(&c) {
             assert_eq!(c % 16, 0, "classes from 16 bytes to 64 are multiples of 16");
         }
@@ -105,7 +105,7 @@ fn every_power_of_two_alignment_up_to_the_page() {
             assert_eq!(got.map(ClassIndex::get), brute(size, align), "size {size} align {align}");
             if let Some(i) = got {
                 let c = class_size(i);
-                assert!(c >= size && c % align == 0);
+                assert!(c >= size && c.is_multiple_of(align));
                 assert!(class_align(i) >= align, "class {c} aligns to less than {align}");
             }
         }

@@ -89,7 +89,7 @@ fn geometry_small_and_large() {
             let cache = SlabCache::builder(&regions, "geo", size, align).build().unwrap();
             let st = cache.stats();
             assert_eq!(st.small, st.chunk <= SMALL_MAX, "size {size}");
-            assert!(st.chunk >= size && st.chunk % st.align == 0);
+            assert!(st.chunk >= size && st.chunk.is_multiple_of(st.align));
             if st.small {
                 assert_eq!(st.slab_pages, 1);
             } else {

@@ -183,13 +183,13 @@ where
         let range = chart.y_range();
         (range.start, range.end)
     };
-    if let Some(p) = parallel_to {
-        if p + 0.5 < x_range.end {
-            chart.draw_series(std::iter::once(Rectangle::new(
-                [(p + 0.5, y_lo), (x_range.end, y_hi)],
-                RGBColor(120, 120, 120).mix(0.12).filled(),
-            )))?;
-        }
+    if let Some(p) = parallel_to
+        && p + 0.5 < x_range.end
+    {
+        chart.draw_series(std::iter::once(Rectangle::new(
+            [(p + 0.5, y_lo), (x_range.end, y_hi)],
+            RGBColor(120, 120, 120).mix(0.12).filled(),
+        )))?;
     }
     chart
         .configure_mesh()
@@ -217,12 +217,12 @@ where
         legend_area.draw(&PathElement::new(vec![(8, y), (38, y)], ShapeStyle::from(&color).stroke_width(3)))?;
         legend_area.draw(&Text::new(s.name.clone(), (46, y - 7), ("sans-serif", 13)))?;
     }
-    if let Some(p) = parallel_to {
-        if p + 0.5 < x_range.end {
-            let y = 50 + 22 * series.len() as i32 + 10;
-            legend_area.draw(&Text::new("shaded, dashed: threads not", (8, y), ("sans-serif", 12)))?;
-            legend_area.draw(&Text::new("running in parallel (probe)", (8, y + 15), ("sans-serif", 12)))?;
-        }
+    if let Some(p) = parallel_to
+        && p + 0.5 < x_range.end
+    {
+        let y = 50 + 22 * series.len() as i32 + 10;
+        legend_area.draw(&Text::new("shaded, dashed: threads not", (8, y), ("sans-serif", 12)))?;
+        legend_area.draw(&Text::new("running in parallel (probe)", (8, y + 15), ("sans-serif", 12)))?;
     }
     root.present()?;
     drop(chart);

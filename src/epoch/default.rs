@@ -64,13 +64,13 @@ mod imp {
     fn with_local_slow<R>(current: *const Local, f: impl FnOnce(NonNull<Local>) -> R) -> R {
         let local = Global::register(COLLECTOR.global)
             .unwrap_or_else(|_| std::alloc::handle_alloc_error(std::alloc::Layout::new::<Local>()));
-        if current.is_null() {
-            if let Some(key) = KEY.get() {
-                // SAFETY: `key` is a live key; the value is this thread's record.
-                if unsafe { libc::pthread_setspecific(key, local.as_ptr().cast()) } == 0 {
-                    let _ = RECORD.try_with(|slot| slot.set(local.as_ptr()));
-                    return f(local);
-                }
+        if current.is_null()
+            && let Some(key) = KEY.get()
+        {
+            // SAFETY: `key` is a live key; the value is this thread's record.
+            if unsafe { libc::pthread_setspecific(key, local.as_ptr().cast()) } == 0 {
+                let _ = RECORD.try_with(|slot| slot.set(local.as_ptr()));
+                return f(local);
             }
         }
         // A temporary registration: the thread is exiting, or exit cannot be observed.

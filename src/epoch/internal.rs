@@ -464,7 +464,7 @@ impl Local {
             fence::light();
             let pins = self.pin_count.get().wrapping_add(1);
             self.pin_count.set(pins);
-            if pins % cfg::PINS_BETWEEN_CHECKS == 0 {
+            if pins.is_multiple_of(cfg::PINS_BETWEEN_CHECKS) {
                 self.maintain_slow();
             }
         }

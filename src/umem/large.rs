@@ -941,7 +941,10 @@ impl LargeHeap {
             let page = self.page;
             let mut pieces_seen = 0usize;
             let mut check_block = |base: usize, reserved: usize, head: usize| {
-                assert!(base % page == 0 && reserved % page == 0 && head % page == 0, "large: misaligned block");
+                assert!(
+                    base.is_multiple_of(page) && reserved.is_multiple_of(page) && head.is_multiple_of(page),
+                    "large: misaligned block"
+                );
                 assert!(head > 0 && head <= reserved, "large: bad head piece");
                 let mut at = base + head;
                 while at < base + reserved {

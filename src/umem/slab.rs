@@ -724,7 +724,7 @@ impl<'r> SlabCache<'r> {
         let (ident, locked) = unsafe { (&(*h).ident, &mut (*h).locked) };
         let offset = (ptr.as_ptr() as usize).wrapping_sub(ident.first as usize);
         let index = offset / c.chunk;
-        if ptr.as_ptr() < ident.first || offset % c.chunk != 0 || index >= c.capacity {
+        if ptr.as_ptr() < ident.first || !offset.is_multiple_of(c.chunk) || index >= c.capacity {
             return Err(FreeError::NotObjectBase);
         }
         let bit = 1 << (index % 64);
@@ -908,7 +908,10 @@ impl<'r> SlabCache<'r> {
                         assert!(free <= c.capacity, "slab: free list cycle");
                         let offset = (cursor as usize).wrapping_sub(ident.first as usize);
                         let index = offset / c.chunk;
-                        assert!(offset % c.chunk == 0 && index < locked.fresh, "slab: free object out of place");
+                        assert!(
+                            offset.is_multiple_of(c.chunk) && index < locked.fresh,
+                            "slab: free object out of place"
+                        );
                         // SAFETY: live header.
                         let word = unsafe { (*h).bits[index / 64].load(Ordering::Relaxed) };
                         assert!(word & (1 << (index % 64)) == 0, "slab: free object marked allocated");

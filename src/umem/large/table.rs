@@ -207,7 +207,7 @@ mod tests {
             x ^= x << 17;
             // Keys from a small range so that removals hit and probe runs wrap.
             let key = (1 + (x as usize % 3000)) << 12;
-            if x % 3 == 0 {
+            if x.is_multiple_of(3) {
                 assert_eq!(table.remove(key), model.remove(&key), "step {step}");
             } else {
                 table.reserve(1).unwrap();

@@ -533,7 +533,10 @@ impl Arena {
                 if cur == self.seg0 {
                     break;
                 }
-                assert!(cur.size() > 0 && cur.base() % q == 0 && cur.size() % q == 0, "vmem check: bad span");
+                assert!(
+                    cur.size() > 0 && cur.base().is_multiple_of(q) && cur.size().is_multiple_of(q),
+                    "vmem check: bad span"
+                );
                 nspans += 1;
                 total += cur.size();
                 if cur.imported() {
@@ -544,7 +547,11 @@ impl Arena {
             } else {
                 let s = span.expect("vmem check: a segment before any span marker");
                 assert!(cur.base() == cursor, "vmem check: segment at {:#x}, expected {:#x}", cur.base(), cursor);
-                assert!(cur.size() > 0 && cur.size() % q == 0, "vmem check: bad segment size {:#x}", cur.size());
+                assert!(
+                    cur.size() > 0 && cur.size().is_multiple_of(q),
+                    "vmem check: bad segment size {:#x}",
+                    cur.size()
+                );
                 assert!(cur.end() <= s.end(), "vmem check: segment runs past its span");
                 cursor = cur.end();
                 match cur.kind() {

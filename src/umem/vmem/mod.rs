@@ -497,7 +497,7 @@ impl<'s> Vmem<'s> {
         if size == 0 {
             return Err(VmemError::ZeroSize);
         }
-        if base % self.quantum != 0 || size % self.quantum != 0 {
+        if !base.is_multiple_of(self.quantum) || !size.is_multiple_of(self.quantum) {
             return Err(VmemError::BadConstraints);
         }
         self.arena.with(|arena| arena.add(base, size))
@@ -560,7 +560,7 @@ impl<'s> Vmem<'s> {
         }
         let align = align.max(self.quantum);
         let nocross_ok = c.nocross == 0 || (c.nocross.is_power_of_two() && c.nocross >= align && c.nocross >= size);
-        if c.phase % self.quantum != 0 || c.phase >= align || !nocross_ok || c.min_addr > c.max_addr {
+        if !c.phase.is_multiple_of(self.quantum) || c.phase >= align || !nocross_ok || c.min_addr > c.max_addr {
             return Err(VmemError::BadConstraints);
         }
         Ok(Fit { align, phase: c.phase, nocross: c.nocross, min: c.min_addr, max: c.max_addr })
