@@ -746,6 +746,15 @@ mod intrusive {
         NonNull::from(&r.header)
     }
 
+    /// Frees a region made by `region()` (LeakSanitizer checks these tests).
+    ///
+    /// # Safety
+    /// The domain that counted it has been dropped, so nothing can touch it any more.
+    unsafe fn free_region(r: &'static Region) {
+        // SAFETY: `r` came from Box::leak in region(); per the contract it is unused.
+        drop(unsafe { Box::from_raw(std::ptr::from_ref(r).cast_mut()) });
+    }
+
     #[test]
     fn released_once_two_epochs_after_zero_and_never_while_counted() {
         let cache = Refcache::with_config(Config::manual()).unwrap();
@@ -780,6 +789,9 @@ mod intrusive {
         assert!(cache.epoch() >= e0 + 2, "released before two epochs passed");
         assert_eq!(r.releases.load(SeqCst), 1);
         cache.assert_valid();
+        drop(cache);
+        // SAFETY: the domain is gone.
+        unsafe { free_region(r) };
     }
 
     #[test]
@@ -804,6 +816,9 @@ mod intrusive {
         assert_eq!(r.releases.load(SeqCst), 1);
         // SAFETY: leaked header.
         assert!(!unsafe { cache.try_revive(ptr(r)) }, "revival after the release must fail");
+        drop(cache);
+        // SAFETY: the domain is gone.
+        unsafe { free_region(r) };
     }
 
     #[test]
@@ -821,6 +836,11 @@ mod intrusive {
         }
         assert_eq!(a.releases.load(SeqCst), 1);
         assert_eq!(b.releases.load(SeqCst), 0, "a counted header is leaked, not released");
+        // SAFETY: the domain is gone (dropped at the end of the block above).
+        unsafe {
+            free_region(a);
+            free_region(b);
+        }
     }
 
     #[test]
@@ -862,5 +882,8 @@ mod intrusive {
         });
         tick_until_empty(&cache, 10);
         assert_eq!(r.releases.load(SeqCst), 1);
+        drop(cache);
+        // SAFETY: the domain is gone.
+        unsafe { free_region(r) };
     }
 }
