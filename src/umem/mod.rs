@@ -55,6 +55,8 @@ compile_error!("umem packs per-CPU magazine state into 64-bit words");
 pub mod cache;
 pub mod cpu_cache;
 mod depot;
+#[cfg(not(scalemem_loom))]
+pub mod global;
 pub mod large;
 mod magazine;
 pub mod os;
@@ -65,3 +67,5 @@ pub mod vmem;
 
 pub use cache::{CacheBox, CacheError, ObjectCache, TypedCache};
 pub use cpu_cache::{Config, CpuCaches, Stats};
+#[cfg(not(scalemem_loom))]
+pub use global::Umem;
