@@ -400,6 +400,16 @@ fn heap_if_made() -> Option<&'static Heap> {
     (!h.is_null()).then(|| unsafe { &*h })
 }
 
+/// The magazine tuning of a size class: magazines of about 128 KiB of objects (a CPU
+/// then caches up to two, so a batch of a hundred small blocks allocated and freed stays
+/// on the CPU), between the default 15 rounds and 127; the depot's contention still
+/// grows them up to the default maximum.
+fn magazine_config(size: usize) -> super::cpu_cache::Config {
+    let default = super::cpu_cache::Config::default();
+    let rounds = ((128 << 10) / size).clamp(default.initial_rounds, 127);
+    super::cpu_cache::Config { initial_rounds: rounds, max_rounds: default.max_rounds.max(rounds), ..default }
+}
+
 /// The cache names, one per class (`umem_alloc_<size>` in libumem).
 const NAME: &str = "umem_alloc";
 
@@ -425,7 +435,7 @@ impl Heap {
         if c.is_null() {
             let size = class_size(class);
             let align = super::sizeclass::class_align(class);
-            let config = Config { reaper: false, ..Config::default() };
+            let config = Config { reaper: false, magazines: magazine_config(size), ..Config::default() };
             if let Ok(cache) = ObjectCache::builder(NAME, size, align).regions(&self.regions).config(config).build() {
                 // The box comes from the bootstrap arena (the guard is set): never freed.
                 c = Box::into_raw(Box::new(cache));
