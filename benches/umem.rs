@@ -9,7 +9,8 @@
 //!   `box_system`: `Box::new([0u64; 8])` and its drop through `System` (glibc malloc);
 //!   `jemalloc` and `mimalloc`: the `tikv-jemallocator` and `mimalloc` crates'
 //!   allocators, called directly through their `GlobalAlloc` impls (the global
-//!   allocator stays `System`).
+//!   allocator stays `System`); `umem_global`: [`scalemem::Umem`]'s `GlobalAlloc` (the
+//!   size-class cache of 64 bytes), called the same way.
 //! - `umem/burst`: 32 allocations then 32 frees per operation (the magazines of 15 rounds
 //!   exchange with the depot), same contenders.
 //! - `umem/expensive_ctor`: a typed cache of a 4 KiB-buffer struct against `Box::new`
@@ -71,6 +72,7 @@ fn pair(c: &mut Criterion) {
     let typed = TypedCache::new_in(default_regions(), "bench64t", config(), || [0u64; 8]).unwrap();
     group.bench_function("typed_cache", |b| b.iter(|| black_box(typed.alloc().unwrap())));
     group.bench_function("box_system", |b| b.iter(|| black_box(Box::new([0u64; 8]))));
+    group.bench_function("umem_global", |b| b.iter(|| global_pair(&scalemem::Umem::new())));
     group.bench_function("system", |b| b.iter(|| global_pair(&System)));
     #[cfg(not(any(scalemem_asan, scalemem_loom)))]
     {
@@ -96,6 +98,7 @@ fn burst(c: &mut Criterion) {
         })
     });
     let mut raw = Vec::with_capacity(32);
+    group.bench_function("umem_global", |b| b.iter(|| global_burst(&scalemem::Umem::new(), &mut raw)));
     group.bench_function("system", |b| b.iter(|| global_burst(&System, &mut raw)));
     #[cfg(not(any(scalemem_asan, scalemem_loom)))]
     {

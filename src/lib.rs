@@ -18,3 +18,8 @@ mod sync;
 mod thread_exit;
 pub mod umem;
 pub mod util;
+
+/// The global allocator: `#[global_allocator] static A: scalemem::Umem = scalemem::Umem::new();`
+/// (see [`umem::global`]).
+#[cfg(not(scalemem_loom))]
+pub use umem::Umem;

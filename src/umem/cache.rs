@@ -623,6 +623,25 @@ impl ObjectCache {
         self.inner().stats()
     }
 
+    /// Takes the cache's locks (reconfiguration, then slab) without a scope, for the
+    /// global allocator's `fork` handlers.
+    pub(crate) fn fork_lock(&self) {
+        let inner = self.inner();
+        inner.cpu.fork_lock();
+        inner.shared.slab.fork_lock();
+    }
+
+    /// Releases what [`fork_lock`](Self::fork_lock) took.
+    ///
+    /// # Safety
+    /// As `Regions::fork_unlock`.
+    pub(crate) unsafe fn fork_unlock(&self) {
+        let inner = self.inner();
+        // SAFETY: the caller's contract.
+        unsafe { inner.shared.slab.fork_unlock() };
+        inner.cpu.fork_unlock();
+    }
+
     /// Panics if a layer's invariants fail (quiescent use only: tests).
     ///
     /// ```

@@ -788,6 +788,22 @@ impl CpuCaches {
         self.magazine_size()
     }
 
+    /// Takes the reconfiguration mutex without a scope, for `fork`: no drain or resize
+    /// is then half done when the process is copied.
+    pub(crate) fn fork_lock(&self) {
+        let backoff = Backoff::new();
+        // Acquire: as in `reconfigure`.
+        while self.reconfig.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            backoff.snooze();
+        }
+    }
+
+    /// Releases what [`fork_lock`](Self::fork_lock) took (in the parent and the child).
+    pub(crate) fn fork_unlock(&self) {
+        // Release: pairs with the Acquire of the next reconfigurer.
+        self.reconfig.store(false, Ordering::Release);
+    }
+
     /// The reconfiguration write side: under the reconfiguration mutex, stops every
     /// slot, drains it, optionally sets a new magazine size, restarts the slots, and
     /// purges the depot.

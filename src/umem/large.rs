@@ -579,6 +579,21 @@ impl LargeHeap {
         Ok((n, align))
     }
 
+    /// Takes the heap's lock without a scope, for `fork` (the arena is reached only
+    /// under it, so nothing of the heap is half changed when the process is copied).
+    pub(crate) fn fork_lock(&self) {
+        self.inner.force_lock();
+    }
+
+    /// Releases what [`fork_lock`](Self::fork_lock) took.
+    ///
+    /// # Safety
+    /// As `Regions::fork_unlock`.
+    pub(crate) unsafe fn fork_unlock(&self) {
+        // SAFETY: the caller's contract.
+        unsafe { self.inner.force_unlock() };
+    }
+
     /// Allocates `size` bytes (rounded up to pages) aligned to `align` (a power of two up
     /// to [`MAX_ALIGN`]). A cached block is reused if one is aligned, large enough and
     /// wastes at most a fifth of itself (dirty blocks before madvised ones, then the

@@ -1,19 +1,19 @@
 //! umem, the libumem-style allocator; layers land one at a time.
 //!
 //! ```text
-//! GlobalAlloc -> sizeclass -> cache -> cpu_cache (per-CPU magazines) -> depot -> slab -> region/vmem -> os
-//!     (next)      ^^^^^^^^^    ^^^^^    ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^ landed
-//!                 large (sizes above the largest class) -> vmem -> os                                landed
+//! GlobalAlloc / C malloc (global) -> sizeclass -> cache -> cpu_cache (per-CPU magazines) -> depot -> slab -> region/vmem -> os
+//!                                    large (sizes above the largest class) -> vmem -> os
 //! ```
 //!
-//! The layers, bottom up, as `DESIGN.md` lays them out. Landed: [`os`] (the kernel:
-//! `mmap`, `madvise`, fault injection for tests), [`vmem`] arenas, [`region`] (2 MiB
-//! regions counted by Refcache), [`slab`] (slab caches with pointer lookup), the per-CPU
+//! The layers, bottom up, as `DESIGN.md` lays them out: [`os`] (the kernel: `mmap`,
+//! `madvise`, fault injection for tests), [`vmem`] arenas, [`region`] (2 MiB regions
+//! counted by Refcache), [`slab`] (slab caches with pointer lookup), the per-CPU
 //! magazine layer ([`cpu_cache`], with the depot), the object cache that joins them
 //! ([`cache`]: [`ObjectCache`] with constructors and destructors, [`TypedCache`], destroy,
-//! reaping), the size-class table ([`sizeclass`]) and the large-allocation heap
-//! ([`large`]: page-granular blocks on vmem, kept for reuse and released by decay). Still
-//! to come: the size-class caches behind `GlobalAlloc` and the `LD_PRELOAD` library.
+//! reaping), the size-class table ([`sizeclass`]), the large-allocation heap
+//! ([`large`]: page-granular blocks on vmem, kept for reuse and released by decay), and
+//! on top [`global`]: [`Umem`], the process's allocator (`GlobalAlloc`, `allocator_api2`,
+//! and the C family that the `LD_PRELOAD` library exports).
 //!
 //! # Glossary
 //!
@@ -55,6 +55,8 @@ compile_error!("umem packs per-CPU magazine state into 64-bit words");
 pub mod cache;
 pub mod cpu_cache;
 mod depot;
+#[cfg(not(scalemem_loom))]
+pub mod global;
 pub mod large;
 mod magazine;
 pub mod os;
@@ -65,3 +67,5 @@ pub mod vmem;
 
 pub use cache::{CacheBox, CacheError, ObjectCache, TypedCache};
 pub use cpu_cache::{Config, CpuCaches, Stats};
+#[cfg(not(scalemem_loom))]
+pub use global::Umem;

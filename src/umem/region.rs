@@ -276,6 +276,9 @@ struct Inner {
     revivals: AtomicUsize,
     /// Regions mapped so far.
     maps: AtomicUsize,
+    /// The registry's mapping once made (null before): `Shared::registry`, published
+    /// with Release for the lock-free [`Regions::contains`]. Never changes afterwards.
+    registry: core::sync::atomic::AtomicPtr<u64>,
 }
 
 /// Counters of a [`Regions`] (each read on its own: a hint under concurrency).
@@ -366,6 +369,7 @@ impl RegionsBuilder {
             releases: AtomicUsize::new(0),
             revivals: AtomicUsize::new(0),
             maps: AtomicUsize::new(0),
+            registry: core::sync::atomic::AtomicPtr::new(ptr::null_mut()),
         };
         // SAFETY: a fresh mapping of at least `size_of::<Inner>()` bytes, page-aligned.
         unsafe { inner.as_ptr().write(value) };
@@ -464,6 +468,43 @@ impl Regions {
     /// An identity for this manager (its state's address), for checking who owns what.
     pub(crate) fn id(&self) -> usize {
         self.inner.as_ptr() as usize
+    }
+
+    /// Whether `ptr` lies in a region of this manager, without the lock: exact for a
+    /// pointer into a live run (its region stays registered while the run is out), a
+    /// hint for anything else (a region may be mapped or unmapped meanwhile). This is
+    /// how `free(ptr)` tells slab objects from large blocks in constant time.
+    #[inline]
+    pub(crate) fn contains(&self, ptr: *const u8) -> bool {
+        if cfg!(scalemem_loom) {
+            return false;
+        }
+        // Acquire: pairs with the Release store in `map_region`.
+        let registry = self.inner().registry.load(core::sync::atomic::Ordering::Acquire);
+        let index = (ptr as usize) >> REGION_SIZE.trailing_zeros();
+        if registry.is_null() || index >= REGISTRY_BITS {
+            return false;
+        }
+        // SAFETY: the registry is a live mapping of REGISTRY_BYTES bytes (it is unmapped
+        // only when the manager drops) and `index < REGISTRY_BITS`. Relaxed: see
+        // `registry_set`.
+        unsafe { registry_word(registry, index).load(core::sync::atomic::Ordering::Relaxed) & (1 << (index % 64)) != 0 }
+    }
+
+    /// Takes the manager's lock without a scope, for `fork` (the prepare handler); the
+    /// parent and the child each release it with [`fork_unlock`](Self::fork_unlock).
+    pub(crate) fn fork_lock(&self) {
+        self.inner().shared.force_lock();
+    }
+
+    /// Releases what [`fork_lock`](Self::fork_lock) took.
+    ///
+    /// # Safety
+    /// The lock was taken by `fork_lock` in this process (or in the parent, before the
+    /// `fork` that made this process) and not released since.
+    pub(crate) unsafe fn fork_unlock(&self) {
+        // SAFETY: the caller's contract.
+        unsafe { self.inner().shared.force_unlock() };
     }
 
     /// Hands out a run of `pages` pages (`1 ..= USABLE_PAGES`). `init` runs under the
@@ -873,6 +914,9 @@ unsafe fn take_run(
 fn map_region(s: &mut Shared, inner: &Inner) -> Result<*mut RegionHeader, AllocError> {
     if s.registry.is_null() {
         s.registry = os::map(REGISTRY_BYTES)?.as_ptr().cast();
+        // Release: pairs with the Acquire in `Regions::contains` (the mapping, all zero,
+        // is there before anyone follows the pointer).
+        inner.registry.store(s.registry, core::sync::atomic::Ordering::Release);
     }
     let base = os::map_aligned(REGION_SIZE, REGION_SIZE)?;
     let addr = base.as_ptr() as usize;
@@ -927,8 +971,20 @@ unsafe fn registry_contains(registry: *const u64, addr: usize) -> bool {
     if registry.is_null() || index >= REGISTRY_BITS {
         return false;
     }
-    // SAFETY: `index / 64 < REGISTRY_BITS / 64`, inside the mapping.
-    unsafe { *registry.add(index / 64) & (1 << (index % 64)) != 0 }
+    // SAFETY: `index / 64 < REGISTRY_BITS / 64`, inside the mapping, which lives as long
+    // as the manager; every access to its words is atomic (`Regions::contains` reads
+    // them without the lock). Relaxed: under the lock, the lock orders it.
+    unsafe { registry_word(registry, index).load(core::sync::atomic::Ordering::Relaxed) & (1 << (index % 64)) != 0 }
+}
+
+/// The registry word holding bit `index`, as an atomic.
+///
+/// # Safety
+/// `registry` is a live mapping of `REGISTRY_BYTES` bytes and `index < REGISTRY_BITS`.
+unsafe fn registry_word<'a>(registry: *const u64, index: usize) -> &'a core::sync::atomic::AtomicU64 {
+    // SAFETY: in bounds and aligned (the caller's contract; the mapping is page-aligned);
+    // all accesses to registry words go through atomics.
+    unsafe { core::sync::atomic::AtomicU64::from_ptr(registry.add(index / 64).cast_mut()) }
 }
 
 /// Sets or clears the registry bit of the region at `base`.
@@ -943,10 +999,14 @@ unsafe fn registry_set(registry: *mut u64, base: usize, on: bool) {
     let index = base >> REGION_SIZE.trailing_zeros();
     debug_assert!(index < REGISTRY_BITS);
     // SAFETY: inside the mapping (the contract).
-    let word = unsafe { &mut *registry.add(index / 64) };
+    let word = unsafe { registry_word(registry, index) };
+    // Relaxed: writers hold the lock. A lock-free reader (`Regions::contains`) asks only
+    // about regions it knows are live (the bit was set before the region's first run was
+    // handed out, and is cleared only after its last run came back), or accepts a stale
+    // answer for a foreign pointer.
     if on {
-        *word |= 1 << (index % 64);
+        word.fetch_or(1 << (index % 64), core::sync::atomic::Ordering::Relaxed);
     } else {
-        *word &= !(1 << (index % 64));
+        word.fetch_and(!(1 << (index % 64)), core::sync::atomic::Ordering::Relaxed);
     }
 }

@@ -473,6 +473,20 @@ impl<'r> SlabCache<'r> {
         unsafe { self.inner.as_ref() }
     }
 
+    /// Takes the cache's lock without a scope, for `fork` (see `Regions::fork_lock`).
+    pub(crate) fn fork_lock(&self) {
+        self.inner().state.force_lock();
+    }
+
+    /// Releases what [`fork_lock`](Self::fork_lock) took.
+    ///
+    /// # Safety
+    /// As `Regions::fork_unlock`.
+    pub(crate) unsafe fn fork_unlock(&self) {
+        // SAFETY: the caller's contract.
+        unsafe { self.inner().state.force_unlock() };
+    }
+
     /// This cache's identity, as [`Regions::lookup`] reports it.
     pub fn id(&self) -> CacheId {
         CacheId(self.inner.as_ptr() as usize)

@@ -73,3 +73,28 @@ impl Regions {
         })
     }
 }
+
+impl Regions {
+    /// The object size of the slab cache owning `ptr`, or `None` if `ptr` is in no
+    /// region of this manager; lock-free, for the allocator's `free(ptr)` and
+    /// `malloc_usable_size`, whose callers vouch for the pointer.
+    ///
+    /// # Safety
+    /// If `ptr` is in a region of this manager, it points into an allocated object of a
+    /// slab cache over it (so its run, slab header and cache stay put meanwhile).
+    #[inline]
+    pub(crate) unsafe fn object_size(&self, ptr: *const u8) -> Option<usize> {
+        if !self.contains(ptr) {
+            return None;
+        }
+        // SAFETY: `ptr` is in a live run of ours (the caller's contract), whose owner was
+        // set before the object was handed out.
+        let h = unsafe { self.owner_of(ptr) } as *const SlabHeader;
+        if h.is_null() {
+            return None;
+        }
+        // SAFETY: a live slab header; its `ident` and its cache's geometry are read-only
+        // while the slab holds an allocated object.
+        unsafe { Some((*(*h).ident.cache).size) }
+    }
+}

@@ -57,6 +57,23 @@ impl<T> Lock<T> {
         self.data.with_mut(|value| unsafe { &mut *value })
     }
 
+    /// Takes the lock with no scope: for `fork` handlers, which take every allocator lock
+    /// before `fork` and release them in the parent and in the child.
+    pub(crate) fn force_lock(&self) {
+        self.lock();
+    }
+
+    /// Releases a lock taken by [`force_lock`](Self::force_lock). In a `fork`ed child
+    /// the holder was the forking thread, which is this one; no other thread exists to
+    /// wake, and waking nobody is harmless.
+    ///
+    /// # Safety
+    /// The lock is held through `force_lock` (in this process, or in the parent before
+    /// the `fork` that made this one) and nobody else will release it.
+    pub(crate) unsafe fn force_unlock(&self) {
+        self.unlock();
+    }
+
     #[inline]
     fn lock(&self) {
         // Acquire: pairs with the Release swap in `unlock`, so the previous holder's

@@ -1,0 +1,1030 @@
+//! [`Umem`]: umem as the process's allocator — a [`GlobalAlloc`], an
+//! [`allocator_api2`] `Allocator`, and the C allocation family ([`malloc`], [`free`],
+//! [`realloc`], ...) that the `preload/` library exports.
+//!
+//! ```
+//! use scalemem::umem::Umem;
+//!
+//! // In a program: `#[global_allocator] static A: Umem = Umem::new();`
+//! // Here, called directly (doc tests share the test harness's allocator):
+//! use std::alloc::{GlobalAlloc, Layout};
+//! let layout = Layout::from_size_align(100, 8).unwrap();
+//! // SAFETY: a non-zero-sized layout; the block is freed once with the same layout.
+//! unsafe {
+//!     let p = Umem::new().alloc(layout);
+//!     assert!(!p.is_null());
+//!     p.write_bytes(7, 100);
+//!     Umem::new().dealloc(p, layout);
+//! }
+//! ```
+//!
+//! # The heap
+//!
+//! Every [`Umem`] value is a handle to one process-wide heap, made on the first
+//! allocation:
+//!
+//! - **small requests** (a [`class_of`] the size and alignment, up to 128 KiB and the
+//!   page): one [`ObjectCache`] per size class (libumem's `umem_alloc_8` ...), made on
+//!   the class's first use over one [`Regions`] manager, with per-CPU magazines in
+//!   front; no constructors.
+//! - **large requests** (above the largest class, or aligned beyond the page): the
+//!   [`LargeHeap`] (page-granular blocks on vmem, freed blocks kept for reuse and
+//!   released by decay: no `mmap`/`munmap` per request).
+//!
+//! Which path a block took is decided by its layout for the Rust interfaces
+//! (`class_of(size, align)`; `realloc` keeps a block in place only when the new layout
+//! maps to the same path and class, so that `dealloc`'s layout always routes it
+//! back), and by its address for the C ones: the regions' registry (one bit per 2 MiB
+//! region, read without a lock) says whether a pointer is a slab object; its slab
+//! header names its size. Anything else is asked of the large heap.
+//!
+//! # No allocation through itself
+//!
+//! The heap's own state lives in mapped memory, but making a size-class cache, the
+//! regions' Refcache domain or the `fork` handlers' registration uses `Box`, `Arc` and
+//! glibc functions that call `malloc` — which is this allocator. Each thread therefore
+//! carries a **guard** flag (a `const` thread-local: no registration, usable from
+//! thread-local destructors), set for the duration of every call into the heap. A
+//! request that finds it set is re-entrant and is served from the **bootstrap arena**:
+//! a bump allocator over one lazily mapped 32 MiB range, whose blocks are never reused
+//! (a free of one is ignored; a `realloc` copies out). Only set-up allocations, a few
+//! KiB in all, land there. A thread that finds the heap being made by another thread
+//! waits for it.
+//!
+//! # Giving memory back
+//!
+//! Size-class caches run without the background reaper thread (a thread started from
+//! inside `malloc` is a hazard: before `main`, under glibc's loader lock, across
+//! `fork`). Their maintenance is piggy-backed instead: every 256th allocation on a
+//! thread looks at the clock, and when an interval has passed one thread (try-lock)
+//! ticks the regions' Refcache (every 10 ms: a region goes back two epochs after its
+//! last slab) and runs each cache's working-set update (every second: idle magazines
+//! reaped, a cache without slab traffic for ten intervals drained). The large heap
+//! decays on its own calls. A program that stops calling the allocator keeps its
+//! cached memory until [`trim`] or [`maintain`] is called, or until the thread from
+//! [`spawn_maintenance_thread`] does it: the documented trade-off.
+//!
+//! # `fork`
+//!
+//! The heap registers `pthread_atfork` handlers when it is made. `prepare` takes every
+//! lock of the heap (set-up, maintenance, each cache's reconfiguration and slab locks,
+//! the regions', the large heap's), so no structure is half changed when the process
+//! is copied; the parent and the child release them. The child can allocate at once.
+//! What a vanished thread had in flight outside any lock (a magazine popped from the
+//! depot, an epoch pin) is lost to the child: memory, never consistency.
+//!
+//! # Invariants
+//!
+//! - A block from a size class has the class's size and alignment; a block from the
+//!   large heap is page-aligned or more; no two live blocks overlap.
+//! - Nothing here allocates through the global allocator on a non-re-entrant path.
+//! - An impossible request (alignment not a power of two, a size that overflows) gets
+//!   null, never a panic.
+
+use core::alloc::{GlobalAlloc, Layout};
+use core::cell::Cell;
+use core::ptr::{self, NonNull};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+
+use super::cache::{Config, ObjectCache};
+use super::large::{self, LargeConfig, LargeHeap};
+use super::os;
+use super::region::{PAGE, Regions};
+use super::sizeclass::{ClassIndex, NCLASSES, class_of, class_size};
+use crate::util::Backoff;
+
+/// The alignment [`malloc`] guarantees (glibc's on x86-64: `max_align_t`).
+pub const MIN_ALIGN: usize = 16;
+
+/// The process's allocator: a handle to umem's process-wide heap (module documentation).
+///
+/// ```
+/// #[global_allocator]
+/// static A: scalemem::umem::Umem = scalemem::umem::Umem::new();
+///
+/// fn main() {
+///     let v: Vec<u64> = (0..1000).collect();
+///     assert_eq!(v.iter().sum::<u64>(), 499_500);
+/// }
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Umem;
+
+impl Umem {
+    /// A handle to the process-wide heap (made on the first allocation, not here).
+    pub const fn new() -> Self {
+        Self
+    }
+}
+
+/// Counters of the process-wide heap (each read on its own: a hint under concurrency).
+///
+/// ```
+/// let p = scalemem::umem::global::malloc(1000);
+/// let stats = scalemem::umem::global::stats();
+/// assert!(stats.in_use >= 1000 && stats.mapped >= stats.in_use);
+/// // SAFETY: from `malloc`, freed once.
+/// unsafe { scalemem::umem::global::free(p) };
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UmemStats {
+    /// Bytes mapped from the kernel now (regions and large-heap chunks).
+    pub mapped: usize,
+    /// Bytes handed out and not freed (size-class objects at their class size, and large
+    /// blocks at their reserved size).
+    pub in_use: usize,
+    /// Of `in_use`, the bytes of large blocks.
+    pub large_in_use: usize,
+    /// Bytes of freed large blocks kept for reuse (still committed or madvised).
+    pub large_cached: usize,
+    /// Bytes of cached size-class objects (in magazines and depots).
+    pub small_cached: usize,
+    /// Bytes the bootstrap arena handed out (set-up allocations, never reused).
+    pub bootstrap: usize,
+    /// Size-class caches made so far.
+    pub classes: usize,
+}
+
+// ---------------------------------------------------------------------------------------
+// The per-thread guard and maintenance countdown.
+
+std::thread_local! {
+    /// Set while this thread is inside the heap: a request that finds it set is re-entrant.
+    static GUARD: Cell<bool> = const { Cell::new(false) };
+    /// Allocations left before this thread next looks at the maintenance clock.
+    static COUNTDOWN: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Allocations between two looks at the maintenance clock, per thread.
+const MAINTAIN_EVERY: u32 = 256;
+
+/// Proof that this thread entered the heap; clears the guard when dropped.
+struct Entered;
+
+impl Entered {
+    /// `None` if this thread is already inside the heap (a re-entrant call).
+    #[inline]
+    fn enter() -> Option<Self> {
+        if GUARD.get() {
+            return None;
+        }
+        GUARD.set(true);
+        Some(Self)
+    }
+}
+
+impl Drop for Entered {
+    #[inline]
+    fn drop(&mut self) {
+        GUARD.set(false);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The bootstrap arena.
+
+/// Bytes of address space reserved for set-up allocations.
+const BOOT_BYTES: usize = 32 << 20;
+/// The arena's base once mapped (0 before).
+static BOOT_BASE: AtomicUsize = AtomicUsize::new(0);
+/// Bytes of the arena handed out so far (a bump offset).
+static BOOT_USED: AtomicUsize = AtomicUsize::new(0);
+
+/// The bootstrap arena's base, mapping it on first use; 0 if the kernel refuses.
+fn boot_base() -> usize {
+    // Acquire: pairs with the Release CAS below (the mapping is there).
+    let base = BOOT_BASE.load(Ordering::Acquire);
+    if base != 0 {
+        return base;
+    }
+    let Ok(mapped) = os::map(BOOT_BYTES) else { return 0 };
+    let mapped = mapped.as_ptr() as usize;
+    // AcqRel: publishes our mapping (Release) or reads the winner's (Acquire).
+    match BOOT_BASE.compare_exchange(0, mapped, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => mapped,
+        Err(winner) => {
+            // SAFETY: mapped just above with this length, never published.
+            unsafe { os::unmap(NonNull::new_unchecked(mapped as *mut u8), BOOT_BYTES) };
+            winner
+        }
+    }
+}
+
+/// Whether `ptr` is a bootstrap block.
+#[inline]
+fn boot_contains(ptr: *const u8) -> bool {
+    // Relaxed: a pointer into the arena was handed out after the base was published, and
+    // whoever holds it learnt of it through the same happens-before chain.
+    let base = BOOT_BASE.load(Ordering::Relaxed);
+    base != 0 && (ptr as usize).wrapping_sub(base) < BOOT_BYTES
+}
+
+/// A block of `size` bytes aligned to `align` (a power of two) from the bootstrap arena,
+/// with its size in the word before it; null when the arena is spent.
+fn boot_alloc(size: usize, align: usize) -> *mut u8 {
+    let base = boot_base();
+    if base == 0 || size > BOOT_BYTES || align > BOOT_BYTES {
+        return ptr::null_mut();
+    }
+    let align = align.max(MIN_ALIGN);
+    // Relaxed: the CAS only hands out disjoint ranges; the memory itself is fresh from
+    // the kernel (zero) and each range is written only by its taker.
+    let mut used = BOOT_USED.load(Ordering::Relaxed);
+    loop {
+        // The block starts after a size word, aligned. No overflow: all terms are below
+        // BOOT_BYTES (32 MiB) plus the base, far from usize::MAX.
+        let start = (base + used + 8).next_multiple_of(align);
+        let end = start + size;
+        if end > base + BOOT_BYTES {
+            return ptr::null_mut();
+        }
+        match BOOT_USED.compare_exchange_weak(used, end - base, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => {
+                // SAFETY: `start - 8 .. end` lies in the arena, in the range this CAS
+                // reserved for us alone; `start - 8` is 8-aligned (start is 16-aligned).
+                unsafe { ((start - 8) as *mut usize).write(size) };
+                return start as *mut u8;
+            }
+            Err(now) => used = now,
+        }
+    }
+}
+
+/// The size recorded for a bootstrap block.
+///
+/// # Safety
+/// `ptr` is a block [`boot_alloc`] returned.
+unsafe fn boot_size(ptr: *const u8) -> usize {
+    // SAFETY: `boot_alloc` wrote the size in the word before every block.
+    unsafe { ptr.cast::<usize>().sub(1).read() }
+}
+
+// ---------------------------------------------------------------------------------------
+// The heap.
+
+/// The process-wide heap, in its own mapping (never unmapped).
+struct Heap {
+    regions: Regions,
+    large: LargeHeap,
+    /// Class `i`'s cache once made (a leaked box), null before.
+    caches: [AtomicPtr<ObjectCache>; NCLASSES],
+    /// Serialises the making of caches (and is held across `fork`).
+    create: SpinLock,
+    /// Held by the thread doing maintenance (try-lock), and across `fork`.
+    maint: SpinLock,
+    /// `large::now_ns` deadlines of the next Refcache tick and the next working-set update.
+    next_tick: AtomicU64,
+    next_update: AtomicU64,
+}
+
+/// How often the regions' Refcache epoch moves on (piggy-backed).
+const TICK_NS: u64 = 10_000_000;
+/// How often each cache's working set is updated (libumem's reap interval).
+const UPDATE_NS: u64 = 1_000_000_000;
+
+/// A test-and-test-and-set lock that never allocates and can be taken and released
+/// without a scope (the `fork` handlers need both).
+struct SpinLock(AtomicBool);
+
+impl SpinLock {
+    const fn new() -> Self {
+        Self(AtomicBool::new(false))
+    }
+
+    fn try_lock(&self) -> bool {
+        // Acquire: pairs with the Release in `unlock` (the previous holder's writes).
+        !self.0.load(Ordering::Relaxed)
+            && self.0.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    }
+
+    fn lock(&self) {
+        let backoff = Backoff::new();
+        while !self.try_lock() {
+            backoff.snooze();
+        }
+    }
+
+    fn unlock(&self) {
+        // Release: pairs with the Acquire in `try_lock`.
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// The heap once made (null before, or if making it failed).
+static HEAP: AtomicPtr<Heap> = AtomicPtr::new(ptr::null_mut());
+/// Making the heap: `UNMADE`, `MAKING` (by the holder of `INIT`), `MADE`, `FAILED`.
+static STATE: AtomicU8 = AtomicU8::new(UNMADE);
+const UNMADE: u8 = 0;
+const MADE: u8 = 2;
+const FAILED: u8 = 3;
+/// Serialises making the heap (and is held across `fork`, so a child never inherits a
+/// half-made heap).
+static INIT: SpinLock = SpinLock::new();
+
+/// The heap, making it on first use; `None` if the kernel refused memory for it.
+/// Called with the guard set, so what making it allocates goes to the bootstrap arena.
+#[inline]
+fn heap() -> Option<&'static Heap> {
+    // Acquire: pairs with the Release store in `make_heap` (the heap is initialised).
+    let h = HEAP.load(Ordering::Acquire);
+    if !h.is_null() {
+        // SAFETY: published once initialised, never unmapped.
+        return Some(unsafe { &*h });
+    }
+    make_heap()
+}
+
+#[cold]
+#[inline(never)]
+fn make_heap() -> Option<&'static Heap> {
+    INIT.lock();
+    // Acquire/Relaxed: under INIT, which orders the maker's writes before ours.
+    let h = HEAP.load(Ordering::Acquire);
+    let result = if !h.is_null() {
+        // SAFETY: as in `heap`.
+        Some(unsafe { &*h })
+    } else if STATE.load(Ordering::Relaxed) == FAILED {
+        None
+    } else {
+        let made = build_heap();
+        match made {
+            Some(heap) => {
+                // Release: pairs with the Acquire loads in `heap`.
+                HEAP.store(heap.cast_mut(), Ordering::Release);
+                STATE.store(MADE, Ordering::Relaxed);
+                // SAFETY: just initialised and published; never unmapped.
+                let heap = unsafe { &*heap };
+                // glibc's `__register_atfork` allocates: the guard sends it to the
+                // bootstrap arena. Registered once, after the heap is published.
+                // SAFETY: the handlers are `extern "C"` functions that do not unwind.
+                unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+                Some(heap)
+            }
+            None => {
+                STATE.store(FAILED, Ordering::Relaxed);
+                None
+            }
+        }
+    };
+    INIT.unlock();
+    result
+}
+
+/// Maps and initialises the heap; null-free pointer or `None` (nothing kept).
+fn build_heap() -> Option<*const Heap> {
+    // Manual Refcache epochs: ticked by maintenance, not by a background thread.
+    let regions = Regions::builder().refcache(crate::refcount::Config::manual()).build().ok()?;
+    let large = LargeHeap::new(LargeConfig::default()).ok()?;
+    let mem = os::map(core::mem::size_of::<Heap>()).ok()?.cast::<Heap>();
+    let now = large::now_ns();
+    let heap = Heap {
+        regions,
+        large,
+        caches: [const { AtomicPtr::new(ptr::null_mut()) }; NCLASSES],
+        create: SpinLock::new(),
+        maint: SpinLock::new(),
+        next_tick: AtomicU64::new(now + TICK_NS),
+        next_update: AtomicU64::new(now + UPDATE_NS),
+    };
+    // SAFETY: a fresh, page-aligned mapping at least `size_of::<Heap>()` long.
+    unsafe { mem.as_ptr().write(heap) };
+    Some(mem.as_ptr().cast_const())
+}
+
+/// The heap if it has been made (no set-up).
+fn heap_if_made() -> Option<&'static Heap> {
+    // Acquire: as in `heap`.
+    let h = HEAP.load(Ordering::Acquire);
+    // SAFETY: as in `heap`.
+    (!h.is_null()).then(|| unsafe { &*h })
+}
+
+/// The magazine tuning of a size class: magazines of about 128 KiB of objects (a CPU
+/// then caches up to two, so a batch of a hundred small blocks allocated and freed stays
+/// on the CPU), between the default 15 rounds and 127; the depot's contention still
+/// grows them up to the default maximum.
+fn magazine_config(size: usize) -> super::cpu_cache::Config {
+    let default = super::cpu_cache::Config::default();
+    let rounds = ((128 << 10) / size).clamp(default.initial_rounds, 127);
+    super::cpu_cache::Config { initial_rounds: rounds, max_rounds: default.max_rounds.max(rounds), ..default }
+}
+
+/// The cache names, one per class (`umem_alloc_<size>` in libumem).
+const NAME: &str = "umem_alloc";
+
+impl Heap {
+    /// Class `i`'s cache, making it on first use; `None` if the kernel refuses.
+    #[inline]
+    fn cache(&'static self, class: ClassIndex) -> Option<&'static ObjectCache> {
+        // Acquire: pairs with the Release store in `make_cache`.
+        let c = self.caches[class.get()].load(Ordering::Acquire);
+        if !c.is_null() {
+            // SAFETY: a leaked box, published once made, never freed.
+            return Some(unsafe { &*c });
+        }
+        self.make_cache(class)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn make_cache(&'static self, class: ClassIndex) -> Option<&'static ObjectCache> {
+        self.create.lock();
+        // Acquire: as in `cache`.
+        let mut c = self.caches[class.get()].load(Ordering::Acquire);
+        if c.is_null() {
+            let size = class_size(class);
+            let align = super::sizeclass::class_align(class);
+            let config = Config { reaper: false, magazines: magazine_config(size), ..Config::default() };
+            if let Ok(cache) = ObjectCache::builder(NAME, size, align).regions(&self.regions).config(config).build() {
+                // The box comes from the bootstrap arena (the guard is set): never freed.
+                c = Box::into_raw(Box::new(cache));
+                // Release: pairs with the Acquire loads in `cache`.
+                self.caches[class.get()].store(c, Ordering::Release);
+            }
+        }
+        self.create.unlock();
+        // SAFETY: as in `cache`.
+        (!c.is_null()).then(|| unsafe { &*c })
+    }
+
+    /// Every cache made so far.
+    fn made(&self) -> impl Iterator<Item = &ObjectCache> {
+        self.caches.iter().filter_map(|c| {
+            // Acquire: as in `cache`.
+            let c = c.load(Ordering::Acquire);
+            // SAFETY: as in `cache`.
+            (!c.is_null()).then(|| unsafe { &*c })
+        })
+    }
+
+    /// A block for `size` bytes aligned to `align` (a power of two).
+    #[inline]
+    fn alloc(&'static self, size: usize, align: usize) -> *mut u8 {
+        countdown(self);
+        match class_of(size, align) {
+            Some(class) => match self.cache(class) {
+                Some(cache) => cache.alloc().map_or(ptr::null_mut(), NonNull::as_ptr),
+                None => ptr::null_mut(),
+            },
+            None => self.large.alloc(size.max(1), align).map_or(ptr::null_mut(), NonNull::as_ptr),
+        }
+    }
+
+    /// Frees a block whose path is known: `class` for a size-class object, `None` for
+    /// a large block.
+    ///
+    /// # Safety
+    /// `ptr` is a live block of that path, freed once.
+    #[inline]
+    unsafe fn free_known(&'static self, ptr: NonNull<u8>, class: Option<ClassIndex>) {
+        match class {
+            Some(class) => {
+                // Acquire: as in `cache`. The cache exists: it made the block.
+                let c = self.caches[class.get()].load(Ordering::Acquire);
+                if let Some(cache) = NonNull::new(c) {
+                    // SAFETY: a live object of this cache (the caller's), without a
+                    // constructor: any bytes are a valid "constructed" object.
+                    let _ = unsafe { cache.as_ref().free(ptr) };
+                }
+            }
+            None => {
+                let _ = self.large.free(ptr);
+            }
+        }
+    }
+
+    /// The path of a live block found by its address: `Some(Some(class))` for a
+    /// size-class object, `Some(None)` for a large block, `None` for neither.
+    ///
+    /// # Safety
+    /// If `ptr` is in one of our regions, it is a live object there.
+    #[inline]
+    unsafe fn find(&'static self, ptr: *const u8) -> Option<(Option<ClassIndex>, usize)> {
+        // SAFETY: the caller's contract.
+        if let Some(size) = unsafe { self.regions.object_size(ptr) } {
+            return class_of(size, 1).map(|class| (Some(class), size));
+        }
+        self.large.usable_size(NonNull::new(ptr.cast_mut())?).map(|size| (None, size))
+    }
+
+    /// Resizes the large block at `ptr` (`usable` bytes) to `size` in place if it can:
+    /// a shrink to more than half stays as it is, a deeper one gives pages back, a growth
+    /// takes the pages after the block. False: the caller moves the block.
+    fn resize_large(&self, ptr: NonNull<u8>, usable: usize, size: usize) -> bool {
+        if size <= usable {
+            size > usable / 2 || self.large.shrink_in_place(ptr, usable, size)
+        } else {
+            self.large.grow_in_place(ptr, usable, size)
+        }
+    }
+
+    /// One maintenance step if one is due and nobody else is doing it.
+    fn maintain(&'static self, force: bool) {
+        let now = large::now_ns();
+        // Relaxed: deadlines are hints; the try-lock serialises the work.
+        if !force && now < self.next_tick.load(Ordering::Relaxed) {
+            return;
+        }
+        if !self.maint.try_lock() {
+            return;
+        }
+        self.next_tick.store(now + TICK_NS, Ordering::Relaxed);
+        self.regions.tick();
+        if force || now >= self.next_update.load(Ordering::Relaxed) {
+            self.next_update.store(now + UPDATE_NS, Ordering::Relaxed);
+            for cache in self.made() {
+                cache.update();
+            }
+            self.large.decay();
+        }
+        self.maint.unlock();
+    }
+}
+
+/// Counts this thread's allocations down to the next look at the maintenance clock.
+#[inline]
+fn countdown(heap: &'static Heap) {
+    let left = COUNTDOWN.get();
+    if left == 0 {
+        COUNTDOWN.set(MAINTAIN_EVERY);
+        heap.maintain(false);
+    } else {
+        COUNTDOWN.set(left - 1);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The C family.
+
+/// `malloc`: `size` bytes aligned to [`MIN_ALIGN`]; a size of 0 gets a unique block.
+/// Null when memory is refused (the caller sets `errno`).
+///
+/// ```
+/// let p = scalemem::umem::global::malloc(24);
+/// assert!(!p.is_null() && p as usize % 16 == 0);
+/// // SAFETY: from `malloc`, freed once.
+/// unsafe { scalemem::umem::global::free(p) };
+/// ```
+#[inline]
+pub fn malloc(size: usize) -> *mut u8 {
+    aligned_alloc(MIN_ALIGN, size)
+}
+
+/// `aligned_alloc`/`memalign`: `size` bytes aligned to `align` (at least [`MIN_ALIGN`]
+/// is given); null if `align` is not a power of two, the request overflows, or memory
+/// is refused.
+///
+/// ```
+/// use scalemem::umem::global::{aligned_alloc, free};
+/// let p = aligned_alloc(1 << 16, 100);
+/// assert_eq!(p as usize % (1 << 16), 0);
+/// assert!(aligned_alloc(3, 8).is_null());
+/// // SAFETY: from `aligned_alloc`, freed once.
+/// unsafe { free(p) };
+/// ```
+#[inline]
+pub fn aligned_alloc(align: usize, size: usize) -> *mut u8 {
+    if !align.is_power_of_two() || size > isize::MAX as usize - PAGE {
+        return ptr::null_mut();
+    }
+    let align = align.max(MIN_ALIGN);
+    let Some(_entered) = Entered::enter() else { return boot_alloc(size.max(1), align) };
+    match heap() {
+        Some(heap) => heap.alloc(size, align),
+        None => ptr::null_mut(),
+    }
+}
+
+/// `calloc`: `n * size` zeroed bytes; null on overflow or when memory is refused.
+///
+/// ```
+/// use scalemem::umem::global::{calloc, free};
+/// let p = calloc(10, 8);
+/// // SAFETY: 80 readable bytes.
+/// assert!(unsafe { std::slice::from_raw_parts(p, 80) }.iter().all(|&b| b == 0));
+/// assert!(calloc(usize::MAX, 2).is_null());
+/// // SAFETY: from `calloc`, freed once.
+/// unsafe { free(p) };
+/// ```
+pub fn calloc(n: usize, size: usize) -> *mut u8 {
+    let Some(total) = n.checked_mul(size) else { return ptr::null_mut() };
+    let p = malloc(total);
+    if !p.is_null() {
+        // SAFETY: `p` holds at least `total` writable bytes. (Recycled objects are dirty;
+        // fresh pages would be zero already, but the cost is the same as a first touch.)
+        unsafe { p.write_bytes(0, total) };
+    }
+    p
+}
+
+/// `free`: null is a no-op; a pointer that is not a live block of ours (a bootstrap
+/// block, or a foreign pointer) is ignored.
+///
+/// # Safety
+/// `ptr` is null, or came from this module's allocation functions (or [`Umem`]'s) and
+/// is not used again; freed once.
+///
+/// ```
+/// // SAFETY: null is always accepted.
+/// unsafe { scalemem::umem::global::free(std::ptr::null_mut()) };
+/// ```
+#[inline]
+pub unsafe fn free(ptr: *mut u8) {
+    let Some(nn) = NonNull::new(ptr) else { return };
+    if boot_contains(ptr) {
+        return;
+    }
+    let Some(heap) = heap_if_made() else { return };
+    let _entered = Entered::enter();
+    // SAFETY: a live block of ours or a foreign pointer (the caller's contract).
+    if let Some((class, _)) = unsafe { heap.find(ptr) } {
+        // SAFETY: found live on that path; freed once (the caller's).
+        unsafe { heap.free_known(nn, class) };
+    }
+}
+
+/// `malloc_usable_size`: the bytes usable at `ptr` (at least what was asked); 0 for
+/// null or a pointer that is not ours.
+///
+/// # Safety
+/// `ptr` is null or a live block from this module (or [`Umem`]).
+///
+/// ```
+/// let p = scalemem::umem::global::malloc(100);
+/// // SAFETY: live.
+/// assert!(unsafe { scalemem::umem::global::usable_size(p) } >= 100);
+/// # unsafe { scalemem::umem::global::free(p) };
+/// ```
+pub unsafe fn usable_size(ptr: *const u8) -> usize {
+    if ptr.is_null() {
+        return 0;
+    }
+    if boot_contains(ptr) {
+        // SAFETY: a bootstrap block (the caller's contract: live, ours).
+        return unsafe { boot_size(ptr) };
+    }
+    let Some(heap) = heap_if_made() else { return 0 };
+    // SAFETY: the caller's contract.
+    unsafe { heap.find(ptr) }.map_or(0, |(_, size)| size)
+}
+
+/// `realloc` with glibc's rules: a null `ptr` is [`malloc`]; a size of 0 frees and
+/// returns null; otherwise the block is resized in place where it can be (within its
+/// size class, or a large block grown or shrunk by pages), else moved. Null when memory
+/// is refused: the old block is then untouched.
+///
+/// # Safety
+/// As [`free`] for `ptr`.
+///
+/// ```
+/// use scalemem::umem::global::{free, malloc, realloc};
+/// let p = malloc(8);
+/// // SAFETY: live, 8 bytes; the old pointer is not used after the call.
+/// let q = unsafe { p.write(42); realloc(p, 1 << 20) };
+/// // SAFETY: the content moved with the block.
+/// assert_eq!(unsafe { q.read() }, 42);
+/// // SAFETY: from `realloc`, freed once.
+/// unsafe { free(q) };
+/// ```
+pub unsafe fn realloc(ptr: *mut u8, size: usize) -> *mut u8 {
+    if ptr.is_null() {
+        return malloc(size);
+    }
+    if size == 0 {
+        // SAFETY: the caller's contract.
+        unsafe { free(ptr) };
+        return ptr::null_mut();
+    }
+    if boot_contains(ptr) {
+        // SAFETY: a live bootstrap block.
+        let old = unsafe { boot_size(ptr) };
+        // SAFETY: the caller's contract; the old block is ignored when freed.
+        return unsafe { move_block(ptr, old, size, MIN_ALIGN) };
+    }
+    let Some(heap) = heap_if_made() else { return ptr::null_mut() };
+    // SAFETY: the caller's contract.
+    let Some((class, usable)) = (unsafe { heap.find(ptr) }) else { return ptr::null_mut() };
+    match class {
+        Some(class) => {
+            // Stay in place within the class, unless the block would be mostly empty.
+            if size <= usable && (size > usable / 2 || class.get() < 8) {
+                return ptr;
+            }
+        }
+        None => {
+            // SAFETY: `ptr` is a live large block of `usable` bytes (found above).
+            let nn = unsafe { NonNull::new_unchecked(ptr) };
+            let _entered = Entered::enter();
+            if size > super::sizeclass::MAX_CLASS_SIZE && heap.resize_large(nn, usable, size) {
+                return ptr;
+            }
+        }
+    }
+    // SAFETY: the caller's contract; `usable` bytes are readable at `ptr`.
+    unsafe { move_block(ptr, usable, size, MIN_ALIGN) }
+}
+
+/// Allocates `size` bytes aligned to `align`, copies `min(old, size)` bytes from `ptr`
+/// and frees `ptr` (through [`free`]); null (and `ptr` untouched) if memory is refused.
+///
+/// # Safety
+/// `ptr` is a live block of at least `old` readable bytes, freed by this call.
+unsafe fn move_block(ptr: *mut u8, old: usize, size: usize, align: usize) -> *mut u8 {
+    let new = aligned_alloc(align, size);
+    if !new.is_null() {
+        // SAFETY: both blocks hold at least `min(old, size)` bytes and do not overlap
+        // (`ptr` is live while `new` was handed out).
+        unsafe {
+            ptr::copy_nonoverlapping(ptr, new, old.min(size));
+            free(ptr);
+        }
+    }
+    new
+}
+
+/// `malloc_trim`: gives back now what the heap caches — every magazine drained, empty
+/// slabs back to the regions, the regions' Refcache ticked until empty regions are
+/// released, freed large blocks released. Returns whether the mapped bytes dropped.
+///
+/// ```
+/// let p = scalemem::umem::global::malloc(1 << 20);
+/// // SAFETY: from `malloc`, freed once.
+/// unsafe { scalemem::umem::global::free(p) };
+/// scalemem::umem::global::trim();
+/// assert_eq!(scalemem::umem::global::stats().large_cached, 0);
+/// ```
+pub fn trim() -> bool {
+    let Some(heap) = heap_if_made() else { return false };
+    let _entered = Entered::enter();
+    let before = mapped(heap);
+    heap.maint.lock();
+    for cache in heap.made() {
+        cache.reap();
+    }
+    // Two whole Refcache epochs after the last slab left a region, plus one for the
+    // review queue: the region is released on this thread.
+    for _ in 0..4 {
+        heap.regions.tick();
+    }
+    heap.large.purge();
+    heap.maint.unlock();
+    mapped(heap) < before
+}
+
+/// One maintenance step now (the Refcache tick, every cache's working-set update and
+/// the large heap's decay), whether or not one is due: for a program that wants its
+/// cached memory back without allocating again.
+///
+/// ```
+/// scalemem::umem::global::maintain();
+/// ```
+pub fn maintain() {
+    if let Some(heap) = heap_if_made() {
+        let _entered = Entered::enter();
+        heap.maintain(true);
+    }
+}
+
+/// Starts a thread that calls [`maintain`] every `period` for the life of the process,
+/// so that memory freed by a program that then goes quiet still goes back to the
+/// kernel (within about ten working-set intervals plus two Refcache epochs). Call it
+/// from ordinary code (`main`), not from inside an allocation.
+///
+/// ```no_run
+/// scalemem::umem::global::spawn_maintenance_thread(std::time::Duration::from_millis(100))?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn spawn_maintenance_thread(period: core::time::Duration) -> std::io::Result<()> {
+    std::thread::Builder::new().name("umem-maintain".into()).spawn(move || {
+        loop {
+            std::thread::sleep(period);
+            maintain();
+        }
+    })?;
+    Ok(())
+}
+
+fn mapped(heap: &Heap) -> usize {
+    heap.regions.stats().mapped_bytes + heap.large.stats().mapped
+}
+
+/// The heap's counters ([`UmemStats`]); all zero before the first allocation. Takes
+/// each cache's and the heap's locks briefly: for `mallinfo`, not for hot paths.
+pub fn stats() -> UmemStats {
+    // Relaxed: a statistic.
+    let bootstrap = BOOT_USED.load(Ordering::Relaxed);
+    let Some(heap) = heap_if_made() else { return UmemStats { bootstrap, ..UmemStats::default() } };
+    let _entered = Entered::enter();
+    let large = heap.large.stats();
+    let mut stats = UmemStats {
+        mapped: mapped(heap),
+        large_in_use: large.in_use,
+        large_cached: large.dirty + large.madvised,
+        bootstrap,
+        ..UmemStats::default()
+    };
+    for cache in heap.made() {
+        let c = cache.stats();
+        stats.in_use += c.in_use * c.size;
+        stats.small_cached += (c.constructed - c.in_use.min(c.constructed)) * c.size;
+        stats.classes += 1;
+    }
+    stats.in_use += large.in_use;
+    stats
+}
+
+// ---------------------------------------------------------------------------------------
+// fork.
+
+extern "C" fn fork_prepare() {
+    INIT.lock();
+    if let Some(heap) = heap_if_made() {
+        heap.maint.lock();
+        heap.create.lock();
+        for cache in heap.made() {
+            cache.fork_lock();
+        }
+        heap.regions.fork_lock();
+        heap.large.fork_lock();
+    }
+}
+
+fn fork_release() {
+    if let Some(heap) = heap_if_made() {
+        // SAFETY: `fork_prepare` took these locks before the fork, on this thread (in
+        // the child: the thread that forked), and nobody released them since.
+        unsafe {
+            heap.large.fork_unlock();
+            heap.regions.fork_unlock();
+            for cache in heap.made() {
+                cache.fork_unlock();
+            }
+        }
+        heap.create.unlock();
+        heap.maint.unlock();
+    }
+    INIT.unlock();
+}
+
+extern "C" fn fork_parent() {
+    fork_release();
+}
+
+extern "C" fn fork_child() {
+    // The child is single-threaded: whoever was inside the heap in the parent is gone,
+    // and so is every guard but ours (which is clear: fork is not called from inside an
+    // allocation).
+    fork_release();
+}
+
+// ---------------------------------------------------------------------------------------
+// The Rust interfaces.
+
+// SAFETY: `alloc` returns null or a block of at least `layout.size()` bytes aligned to
+// `layout.align()` that no other live block overlaps (module invariants); `dealloc`
+// routes a block back by its layout, which maps to the path that made it (`realloc`
+// keeps blocks in place only within a path and class). Nothing unwinds.
+unsafe impl GlobalAlloc for Umem {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let Some(_entered) = Entered::enter() else { return boot_alloc(layout.size(), layout.align()) };
+        match heap() {
+            Some(heap) => heap.alloc(layout.size(), layout.align()),
+            None => ptr::null_mut(),
+        }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if boot_contains(ptr) {
+            return;
+        }
+        let Some(heap) = heap_if_made() else { return };
+        let _entered = Entered::enter();
+        // SAFETY: the caller's contract: a live block of this layout (so of this path),
+        // not null, freed once.
+        unsafe { heap.free_known(NonNull::new_unchecked(ptr), class_of(layout.size(), layout.align())) };
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let align = layout.align();
+        if boot_contains(ptr) {
+            // SAFETY: a live bootstrap block of `layout.size()` bytes; the new layout is
+            // valid (the caller's contract).
+            return unsafe { self.move_to(ptr, layout, new_size) };
+        }
+        let old_class = class_of(layout.size(), align);
+        let new_class = class_of(new_size, align);
+        match (old_class, new_class) {
+            (Some(a), Some(b)) if a == b => return ptr,
+            (None, None) => {
+                if let Some(heap) = heap_if_made() {
+                    let _entered = Entered::enter();
+                    // SAFETY: the caller's: a live large block (its layout maps there).
+                    let nn = unsafe { NonNull::new_unchecked(ptr) };
+                    let usable = heap.large.usable_size(nn).unwrap_or(0);
+                    if heap.resize_large(nn, usable, new_size) {
+                        return ptr;
+                    }
+                }
+            }
+            _ => {}
+        }
+        // SAFETY: the caller's contract.
+        unsafe { self.move_to(ptr, layout, new_size) }
+    }
+}
+
+impl Umem {
+    /// `GlobalAlloc::realloc` by moving: allocate, copy, free.
+    ///
+    /// # Safety
+    /// As `GlobalAlloc::realloc`.
+    unsafe fn move_to(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: the caller's contract makes this layout valid.
+        let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+        // SAFETY: a non-zero-sized layout (the caller's contract).
+        let new = unsafe { self.alloc(new_layout) };
+        if !new.is_null() {
+            // SAFETY: both blocks are live, disjoint, and hold `min` bytes; the old one
+            // is freed once.
+            unsafe {
+                ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
+                self.dealloc(ptr, layout);
+            }
+        }
+        new
+    }
+}
+
+// SAFETY: blocks are valid until deallocated, whichever handle frees them (every `Umem`
+// is the same heap; copies and moves of the handle change nothing); `allocate` returns
+// memory fitting the layout (a zero-sized request is served as one byte of the same
+// path, so `deallocate` routes it back by the same layout).
+unsafe impl allocator_api2::alloc::Allocator for Umem {
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, allocator_api2::alloc::AllocError> {
+        // SAFETY: any layout is accepted by this implementation (size 0 is served as 1).
+        let p = unsafe { GlobalAlloc::alloc(self, layout) };
+        let p = NonNull::new(p).ok_or(allocator_api2::alloc::AllocError)?;
+        Ok(NonNull::slice_from_raw_parts(p, layout.size()))
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        // SAFETY: the caller's contract: allocated here with this layout.
+        unsafe { GlobalAlloc::dealloc(self, ptr.as_ptr(), layout) };
+    }
+
+    unsafe fn grow(
+        &self,
+        ptr: NonNull<u8>,
+        old: Layout,
+        new: Layout,
+    ) -> Result<NonNull<[u8]>, allocator_api2::alloc::AllocError> {
+        // SAFETY: the caller's contract (`new.size() >= old.size()`, a live block).
+        unsafe { self.resize(ptr, old, new) }
+    }
+
+    unsafe fn shrink(
+        &self,
+        ptr: NonNull<u8>,
+        old: Layout,
+        new: Layout,
+    ) -> Result<NonNull<[u8]>, allocator_api2::alloc::AllocError> {
+        // SAFETY: the caller's contract (`new.size() <= old.size()`, a live block).
+        unsafe { self.resize(ptr, old, new) }
+    }
+}
+
+impl Umem {
+    /// `Allocator::grow`/`shrink`: `GlobalAlloc::realloc` when the alignment stays, else
+    /// a move.
+    ///
+    /// # Safety
+    /// `ptr` is a live block of layout `old`.
+    unsafe fn resize(
+        &self,
+        ptr: NonNull<u8>,
+        old: Layout,
+        new: Layout,
+    ) -> Result<NonNull<[u8]>, allocator_api2::alloc::AllocError> {
+        let p = if new.align() == old.align() {
+            // SAFETY: the caller's contract; `new` is a valid layout of this alignment.
+            unsafe { GlobalAlloc::realloc(self, ptr.as_ptr(), old, new.size()) }
+        } else {
+            // SAFETY: any layout is accepted.
+            let p = unsafe { GlobalAlloc::alloc(self, new) };
+            if !p.is_null() {
+                // SAFETY: disjoint live blocks, each at least `min` bytes; the old one is
+                // freed once.
+                unsafe {
+                    ptr::copy_nonoverlapping(ptr.as_ptr(), p, old.size().min(new.size()));
+                    GlobalAlloc::dealloc(self, ptr.as_ptr(), old);
+                }
+            }
+            p
+        };
+        let p = NonNull::new(p).ok_or(allocator_api2::alloc::AllocError)?;
+        Ok(NonNull::slice_from_raw_parts(p, new.size()))
+    }
+}

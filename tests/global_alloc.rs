@@ -1,0 +1,347 @@
+//! `Umem` installed as this test binary's global allocator: everything here (the test
+//! harness, its threads, std's own allocations) runs on it, from before `main` to
+//! thread-local destructors and `fork`ed children.
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+
+use scalemem::Umem;
+use scalemem::umem::global;
+
+#[global_allocator]
+static A: Umem = Umem::new();
+
+/// What the constructor below allocated before `main`.
+static BEFORE_MAIN: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn before_main() {
+    let v: Vec<u64> = (0..1000).collect();
+    let s = format!("{}", v.iter().sum::<u64>());
+    BEFORE_MAIN.store(Box::into_raw(Box::new(s)) as usize, Ordering::SeqCst);
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static INIT: extern "C" fn() = before_main;
+
+#[test]
+fn allocates_before_main() {
+    let p = BEFORE_MAIN.load(Ordering::SeqCst) as *mut String;
+    assert!(!p.is_null(), "the .init_array constructor ran");
+    // SAFETY: leaked from a Box<String> by the constructor; taken back once.
+    let s = unsafe { Box::from_raw(p) };
+    assert_eq!(*s, "499500");
+}
+
+/// Serialises the tests that allocate tens of MiB, so that `trim_gives_memory_back`
+/// measures its own memory.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Checks a block's bytes against a fill pattern.
+fn check(p: *const u8, len: usize, fill: u8) {
+    // SAFETY: callers pass live blocks of at least `len` bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(p, len) };
+    assert!(bytes.iter().all(|&b| b == fill), "block content changed");
+}
+
+#[test]
+fn layouts_sizes_and_alignments() {
+    let _serial = serial();
+    let mut live = Vec::new();
+    for align_shift in 0..=21 {
+        let align = 1usize << align_shift;
+        for size in [1, 7, 8, 24, 100, 4096, 5000, 100_000, 128 << 10, (128 << 10) + 1, 3 << 20] {
+            let layout = Layout::from_size_align(size, align).unwrap();
+            // SAFETY: non-zero size.
+            let p = unsafe { A.alloc(layout) };
+            assert!(!p.is_null(), "{size} bytes aligned to {align}");
+            assert_eq!(p as usize % align, 0, "{size} bytes aligned to {align}");
+            let fill = (size ^ align_shift) as u8;
+            // SAFETY: `size` writable bytes.
+            unsafe { p.write_bytes(fill, size) };
+            live.push((p, layout, fill));
+        }
+    }
+    // No two blocks overlap: every fill survived every later allocation.
+    for &(p, layout, fill) in &live {
+        check(p, layout.size(), fill);
+    }
+    for (p, layout, _) in live {
+        // SAFETY: allocated above with this layout, freed once.
+        unsafe { A.dealloc(p, layout) };
+    }
+}
+
+#[test]
+fn impossible_requests_get_null() {
+    let layout = Layout::from_size_align(isize::MAX as usize - 4095, 4096).unwrap();
+    // SAFETY: non-zero size.
+    assert!(unsafe { A.alloc(layout) }.is_null());
+    assert!(global::aligned_alloc(3, 8).is_null());
+    assert!(global::aligned_alloc(8, usize::MAX).is_null());
+    assert!(global::calloc(usize::MAX / 2, 3).is_null());
+}
+
+#[test]
+fn realloc_keeps_contents_across_paths() {
+    let _serial = serial();
+    let mut layout = Layout::from_size_align(8, 8).unwrap();
+    // SAFETY: non-zero size.
+    let mut p = unsafe { A.alloc(layout) };
+    // SAFETY: 8 bytes.
+    unsafe { p.write_bytes(0x5A, 8) };
+    let mut valid = 8;
+    // Grow through small classes into the large heap and beyond, then shrink back.
+    for new in [9, 24, 64, 1000, 5000, 100_000, 200_000, 1 << 20, 5 << 20, 3 << 20, 200_000, 1000, 16, 8] {
+        // SAFETY: a live block of `layout`; non-zero new size.
+        p = unsafe { A.realloc(p, layout, new) };
+        assert!(!p.is_null());
+        valid = valid.min(new);
+        check(p, valid, 0x5A);
+        // SAFETY: `new` bytes are writable now.
+        unsafe { p.write_bytes(0x5A, new) };
+        valid = new;
+        layout = Layout::from_size_align(new, 8).unwrap();
+    }
+    // SAFETY: live, this layout.
+    unsafe { A.dealloc(p, layout) };
+}
+
+#[test]
+fn c_family() {
+    let _serial = serial();
+    let p = global::malloc(0);
+    assert!(!p.is_null());
+    let q = global::malloc(0);
+    assert_ne!(p, q, "malloc(0) blocks are unique");
+    // SAFETY: live blocks from malloc, freed once.
+    unsafe {
+        global::free(p);
+        global::free(q);
+        global::free(std::ptr::null_mut());
+    }
+    // A foreign pointer is ignored, not a crash.
+    let mut local = 0u64;
+    // SAFETY: not ours: `free` ignores it (documented).
+    unsafe { global::free((&raw mut local).cast()) };
+    // SAFETY: not ours.
+    assert_eq!(unsafe { global::usable_size((&raw const local).cast()) }, 0);
+
+    for size in [1usize, 16, 17, 1000, 4096, 70_000, 1 << 20, 9 << 20] {
+        let p = global::calloc(1, size);
+        check(p, size, 0);
+        // SAFETY: live.
+        let usable = unsafe { global::usable_size(p) };
+        assert!(usable >= size, "usable {usable} < {size}");
+        assert_eq!(p as usize % global::MIN_ALIGN, 0);
+        // SAFETY: `usable` bytes are writable (that is the promise).
+        unsafe { p.write_bytes(1, usable) };
+        // SAFETY: live, freed once through realloc.
+        let q = unsafe { global::realloc(p, size * 3 + 1) };
+        check(q, size, 1);
+        // SAFETY: realloc(q, 0) frees (glibc) and returns null.
+        assert!(unsafe { global::realloc(q, 0) }.is_null());
+    }
+    // SAFETY: realloc(NULL, n) is malloc.
+    let p = unsafe { global::realloc(std::ptr::null_mut(), 40) };
+    assert!(!p.is_null());
+    // SAFETY: live, freed once.
+    unsafe { global::free(p) };
+}
+
+#[test]
+fn allocator_api2_collections() {
+    use allocator_api2::alloc::Allocator;
+    // A zero-sized allocation is a real, routable block.
+    let layout = Layout::from_size_align(0, 64).unwrap();
+    let p = Umem::new().allocate(layout).unwrap();
+    assert_eq!(p.cast::<u8>().as_ptr() as usize % 64, 0);
+    // SAFETY: allocated with this layout, freed once.
+    unsafe { Umem::new().deallocate(p.cast(), layout) };
+
+    let mut v = allocator_api2::vec::Vec::new_in(Umem::new());
+    for i in 0..100_000u32 {
+        v.push(i);
+    }
+    v.shrink_to_fit();
+    assert_eq!(v.iter().map(|&x| u64::from(x)).sum::<u64>(), 4_999_950_000);
+    let b = allocator_api2::boxed::Box::new_in([7u8; 10_000], Umem::new());
+    assert!(b.iter().all(|&x| x == 7));
+}
+
+/// Sixteen threads (eight times the cores) sharing maps and strings, freeing each
+/// other's blocks.
+#[test]
+fn threads_share_and_free_remotely() {
+    let _serial = serial();
+    let shared: Arc<std::sync::Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let handles: Vec<_> = (0..16)
+        .map(|t| {
+            let shared = Arc::clone(&shared);
+            thread::spawn(move || {
+                let mut map = HashMap::new();
+                let mut tree = BTreeMap::new();
+                for i in 0..20_000usize {
+                    let len = (i * 7 + t * 13) % 3000 + 1;
+                    map.insert(i, vec![t as u8; len]);
+                    tree.insert(i, format!("{t}-{i}"));
+                    if i % 3 == 0 {
+                        map.remove(&(i / 2));
+                    }
+                    if i % 97 == 0 {
+                        // Hand a block to whoever comes next; take one from someone else.
+                        let mut s = shared.lock().unwrap();
+                        s.push(vec![t as u8; len]);
+                        if s.len() > 32 {
+                            let theirs = s.swap_remove(0);
+                            assert!(theirs.iter().all(|&b| b == theirs[0]));
+                        }
+                    }
+                }
+                for (i, v) in &map {
+                    assert_eq!(v.len(), (i * 7 + t * 13) % 3000 + 1);
+                    assert!(v.iter().all(|&b| b == t as u8));
+                }
+                assert_eq!(tree[&19_999], format!("{t}-19999"));
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    // Set-up allocations stay a set-up cost, not a leak per thread or per operation.
+    assert!(global::stats().bootstrap < 1 << 20, "{:?}", global::stats());
+}
+
+thread_local! {
+    static ON_EXIT: RefCell<Option<Noisy>> = const { RefCell::new(None) };
+}
+
+/// A thread-local whose destructor allocates and frees.
+struct Noisy(Vec<String>);
+
+static NOISY_DROPS: AtomicUsize = AtomicUsize::new(0);
+
+impl Drop for Noisy {
+    fn drop(&mut self) {
+        let joined = self.0.join(",");
+        let copy: Vec<String> = joined.split(',').map(str::to_owned).collect();
+        assert_eq!(copy, self.0);
+        NOISY_DROPS.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn thread_local_destructors_allocate() {
+    let before = NOISY_DROPS.load(Ordering::SeqCst);
+    let handles: Vec<_> = (0..8)
+        .map(|t| {
+            thread::spawn(move || {
+                ON_EXIT.with(|slot| *slot.borrow_mut() = Some(Noisy((0..500).map(|i| format!("{t}:{i}")).collect())));
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert!(NOISY_DROPS.load(Ordering::SeqCst) >= before + 8);
+}
+
+/// `fork` while eight threads allocate and free: the child allocates at once and
+/// exits cleanly; repeated so that forks land inside slow paths.
+#[test]
+fn fork_while_threads_allocate() {
+    let _serial = serial();
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Arc::new(Barrier::new(9));
+    let workers: Vec<_> = (0..8)
+        .map(|t| {
+            let (stop, start) = (Arc::clone(&stop), Arc::clone(&start));
+            thread::spawn(move || {
+                start.wait();
+                let mut keep: Vec<Vec<u8>> = Vec::new();
+                let mut i = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let size = [24, 200, 3000, 40_000, 300_000][(i + t) % 5];
+                    keep.push(vec![1; size]);
+                    if keep.len() > 64 {
+                        keep.drain(..32);
+                    }
+                    if i.is_multiple_of(1000) {
+                        global::trim();
+                    }
+                }
+            })
+        })
+        .collect();
+    start.wait();
+    for round in 0..20 {
+        // SAFETY: fork; the child only allocates, checks and `_exit`s.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let mut v: Vec<String> = Vec::new();
+            for i in 0..20_000 {
+                v.push(format!("child {round} {i}"));
+            }
+            let big = vec![3u8; 5 << 20];
+            let ok = v[19_999] == format!("child {round} 19999") && big.iter().all(|&b| b == 3);
+            drop(v);
+            global::trim();
+            // SAFETY: ends the child without running the parent's atexit handlers.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        // A child that inherited a lock held by a thread that does not exist in it
+        // hangs: give it 30 s, then kill it and fail.
+        let mut status = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            // SAFETY: polls our child.
+            let waited = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if waited == pid {
+                break;
+            }
+            assert_eq!(waited, 0, "waitpid failed");
+            if std::time::Instant::now() > deadline {
+                // SAFETY: our child; reaped below.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, &mut status, 0);
+                }
+                panic!("child {round} hung after fork (a lock held across fork?)");
+            }
+            thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child {round}: status {status}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+}
+
+/// Freed memory goes back: after everything is freed, `trim` returns the regions and
+/// the large blocks to the kernel.
+#[test]
+fn trim_gives_memory_back() {
+    let _serial = serial();
+    let blocks: Vec<Vec<u8>> = (0..2000).map(|i| vec![i as u8; 16 << 10]).collect();
+    let large: Vec<Vec<u8>> = (0..8).map(|_| vec![9; 4 << 20]).collect();
+    let peak = global::stats().mapped;
+    drop(blocks);
+    drop(large);
+    global::trim();
+    let after = global::stats();
+    // What this test freed (64 MiB) must be gone, beyond the 4 regions kept mapped
+    // (madvised) for reuse; the tests that allocate much are serialised with this one.
+    assert!(after.mapped + (48 << 20) <= peak, "peak {peak}, after {after:?}");
+    assert_eq!(after.large_cached, 0);
+}
