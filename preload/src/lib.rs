@@ -37,18 +37,24 @@
 //! and reentrancy-safe, callable before `main` and in a forked child:
 //!
 //! - **Initialisation** is lazy, inside the first call (often from the dynamic loader or
-//!   libc, before `main`). There is no constructor here, and it needs no `dlsym` and
-//!   allocates nothing: memory comes from `mmap` system calls.
-//! - **Thread-local state** (the thread's CPU, found through glibc's rseq area) is the
-//!   library's; nothing here has any, so this layer cannot touch TLS that is not set up.
-//! - **Fork**: the library registers its own `pthread_atfork` handlers, so a child can
-//!   allocate at once even if other threads of the parent were allocating at the fork.
-//! - **Thread exit**: what a thread cached goes back through the library's thread-exit
-//!   hooks (pthread keys, not std's allocating TLS destructors); a block may be freed by
-//!   any thread.
-//! - **Foreign pointers**: `free` and `malloc_usable_size` ignore pointers that the
-//!   library did not hand out (the dynamic loader frees blocks from its own minimal
-//!   allocator that predate us).
+//!   libc, before `main`). There is no constructor here and no `dlsym`; memory comes
+//!   from `mmap` system calls. Making the heap does use `Box`, `Arc` and
+//!   `pthread_atfork`, which call `malloc` — this library — again: the library marks
+//!   the thread while it is inside the heap and serves such re-entrant calls from a
+//!   bootstrap arena of mapped memory, so nothing recurses and nothing waits on itself.
+//! - **Thread-local state**: only the library's, and only `const` thread-locals (the
+//!   re-entrancy mark, a maintenance countdown) that need no registration and have no
+//!   destructor, plus the CPU number from glibc's rseq area. This layer has none.
+//! - **Fork**: the library's `pthread_atfork` handlers hold every heap lock across the
+//!   fork, so a child can allocate at once even if other threads of the parent were
+//!   allocating at the fork.
+//! - **Thread exit**: the caches are per CPU, not per thread, so an exiting thread
+//!   leaves nothing behind and needs no hook; a block may be freed by any thread.
+//! - **Foreign pointers**: `free` ignores a pointer the library did not hand out (the
+//!   dynamic loader's own minimal allocator predates us), `malloc_usable_size` says 0
+//!   for one, and `realloc` of one fails (null, `ENOMEM`).
+//! - **Memory back to the kernel**: by maintenance piggy-backed on allocations, and at
+//!   once on `malloc_trim`.
 //!
 //! # Why no `dlsym`
 //!
@@ -448,13 +454,14 @@ pub struct Mallinfo2 {
     pub hblkhd: size_t,
     /// Always 0 (as in glibc).
     pub usmblks: size_t,
-    /// Always 0.
+    /// Bytes of freed small (size-class) objects cached in magazines and depots.
     pub fsmblks: size_t,
     /// Bytes handed out (approximate).
     pub uordblks: size_t,
     /// Bytes mapped but not handed out: `arena - uordblks`.
     pub fordblks: size_t,
-    /// Bytes of freed large blocks kept for reuse, which `malloc_trim` can give back.
+    /// Bytes of freed blocks cached for reuse, small and large, which `malloc_trim` can
+    /// give back: `fsmblks` plus the large blocks kept.
     pub keepcost: size_t,
 }
 
@@ -491,7 +498,8 @@ const _: () = assert!(size_of::<Mallinfo>() == size_of::<libc::mallinfo>());
 
 /// glibc `mallinfo2`: the allocator's counts from `umem::global::stats()` in glibc's
 /// fields: `arena` = mapped, `uordblks` = in use, `fordblks` = the difference, `hblkhd` =
-/// large blocks in use, `keepcost` = large blocks cached; the others are 0.
+/// large blocks in use, `fsmblks` = small objects cached, `keepcost` = all blocks
+/// cached; the others are 0.
 #[unsafe(no_mangle)]
 pub extern "C" fn mallinfo2() -> Mallinfo2 {
     let s = umem::stats();
@@ -500,7 +508,8 @@ pub extern "C" fn mallinfo2() -> Mallinfo2 {
         hblkhd: s.large_in_use,
         uordblks: s.in_use,
         fordblks: s.mapped.saturating_sub(s.in_use),
-        keepcost: s.large_cached,
+        fsmblks: s.small_cached,
+        keepcost: s.large_cached.saturating_add(s.small_cached),
         ..Mallinfo2::default()
     }
 }
@@ -575,6 +584,8 @@ pub extern "C" fn malloc_stats() {
     out.line(b"in use bytes     = ", s.in_use);
     out.line(b"large in use     = ", s.large_in_use);
     out.line(b"large cached     = ", s.large_cached);
+    out.line(b"small cached     = ", s.small_cached);
+    out.line(b"bootstrap bytes  = ", s.bootstrap);
     let mut done = 0;
     while done < out.len {
         let rest = out.buf.get(done..out.len).unwrap_or(&[]);

@@ -123,6 +123,13 @@ static void corner_cases(void) {
     __libc_free(NULL);
     CHECK(malloc_usable_size(NULL) == 0, "malloc_usable_size(NULL) = %zu", malloc_usable_size(NULL));
 
+    /* Success leaves errno alone; free never changes it (POSIX.1-2024). */
+    errno = 4242;
+    p = malloc(100), q = malloc((size_t)8 << 20);
+    CHECK(p && q && errno == 4242, "malloc changed errno to %d", errno);
+    free(p), free(q), free(NULL);
+    CHECK(errno == 4242, "free changed errno to %d", errno);
+
     p = malloc(0), q = malloc(0);
     CHECK(p && q && p != q, "malloc(0) twice: %p %p", p, q);
     free(p), free(q);
