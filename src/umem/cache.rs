@@ -849,6 +849,7 @@ impl Inner {
     fn reap(&self) -> usize {
         let drained = self.drain_all();
         self.shared.slab.shrink();
+        super::magazine::trim();
         drained
     }
 
@@ -877,6 +878,8 @@ impl Inner {
             self.shared.slab.shrink();
             idle = 0;
         }
+        // The magazines freed by this and earlier intervals give their pages back.
+        super::magazine::trim();
         // Re-read the misses: the decay's own drain is not traffic.
         let misses = self.misses.load(Ordering::Relaxed) & 0xFFFF_FFFF;
         self.decay.store(idle << 32 | misses, Ordering::Relaxed);
