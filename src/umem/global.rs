@@ -396,6 +396,7 @@ fn build_heap() -> Option<*const Heap> {
 }
 
 /// The heap if it has been made (no set-up).
+#[inline]
 fn heap_if_made() -> Option<&'static Heap> {
     // Acquire: as in `heap`.
     let h = HEAP.load(Ordering::Acquire);
