@@ -64,7 +64,8 @@
 //! reaped, a cache without slab traffic for ten intervals drained). The large heap
 //! decays on its own calls. A program that stops calling the allocator keeps its
 //! cached memory until [`trim`] or [`maintain`] is called, or until the thread from
-//! [`spawn_maintenance_thread`] does it: the documented trade-off.
+//! [`spawn_maintenance_thread`] does it: the documented trade-off. (The `LD_PRELOAD`
+//! library starts that thread from its constructor, outside any allocation.)
 //!
 //! # `fork`
 //!
@@ -848,23 +849,42 @@ pub fn maintain() {
     }
 }
 
-/// Starts a thread that calls [`maintain`] every `period` for the life of the process,
-/// so that memory freed by a program that then goes quiet still goes back to the
-/// kernel (within about ten working-set intervals plus two Refcache epochs). Call it
-/// from ordinary code (`main`), not from inside an allocation.
+/// Starts a thread that runs the heap's maintenance on its own clock for the life of
+/// the process — a Refcache tick every 10 ms, each cache's working-set update and the
+/// large heap's decay every second, as the piggy-backed maintenance would — so that
+/// memory freed by a program that then goes quiet still goes back to the kernel (within
+/// about ten working-set intervals plus two Refcache epochs, some 11 s). At most one
+/// such thread runs (later calls return `Ok` and start nothing); a `fork`ed child has
+/// none. Call it from ordinary code (`main`, or a library constructor), never from
+/// inside an allocation: starting a thread takes glibc's loader locks.
 ///
 /// ```no_run
-/// scalemem::umem::global::spawn_maintenance_thread(std::time::Duration::from_millis(100))?;
+/// scalemem::umem::global::spawn_maintenance_thread()?;
 /// # Ok::<(), std::io::Error>(())
 /// ```
-pub fn spawn_maintenance_thread(period: core::time::Duration) -> std::io::Result<()> {
-    std::thread::Builder::new().name("umem-maintain".into()).spawn(move || {
+pub fn spawn_maintenance_thread() -> std::io::Result<()> {
+    static STARTED: AtomicBool = AtomicBool::new(false);
+    // Relaxed: only one caller wins; nothing else is published through the flag.
+    if STARTED.swap(true, Ordering::Relaxed) {
+        return Ok(());
+    }
+    let spawned = std::thread::Builder::new().name("umem-maintain".into()).stack_size(64 << 10).spawn(|| {
         loop {
-            std::thread::sleep(period);
-            maintain();
+            std::thread::sleep(core::time::Duration::from_nanos(TICK_NS));
+            if let Some(heap) = heap_if_made() {
+                let _entered = Entered::enter();
+                heap.maintain(false);
+            }
         }
-    })?;
-    Ok(())
+    });
+    match spawned {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            // Relaxed: as above; a later call may try again.
+            STARTED.store(false, Ordering::Relaxed);
+            Err(e)
+        }
+    }
 }
 
 fn mapped(heap: &Heap) -> usize {
