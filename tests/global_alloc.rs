@@ -345,3 +345,27 @@ fn trim_gives_memory_back() {
     assert!(after.mapped + (48 << 20) <= peak, "peak {peak}, after {after:?}");
     assert_eq!(after.large_cached, 0);
 }
+
+/// With the maintenance thread running, memory the program freed goes back to the
+/// kernel with no further call into the allocator: the program frees and then sleeps.
+#[test]
+fn maintenance_thread_returns_memory_without_calls() {
+    let _serial = serial();
+    global::spawn_maintenance_thread().unwrap();
+    global::spawn_maintenance_thread().unwrap(); // a second call starts nothing
+    let blocks: Vec<Vec<u8>> = (0..4000).map(|i| vec![i as u8; 16 << 10]).collect();
+    let peak = global::stats().mapped;
+    drop(blocks);
+    let start = std::time::Instant::now();
+    // The bound: ten working-set intervals of decay plus Refcache epochs (about 11 s),
+    // with slack for a loaded machine.
+    loop {
+        let now = global::stats().mapped;
+        if now + (48 << 20) <= peak {
+            eprintln!("maintenance: {} MiB back after {:?}", (peak - now) >> 20, start.elapsed());
+            break;
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(40), "not given back: peak {peak}, now {now}");
+        thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

@@ -384,7 +384,7 @@ fn conservation_with_resizing() {
 #[test]
 fn no_global_allocation_after_warm_up() {
     if std::env::var_os("SCALEMEM_TEST_CHILD").is_none() {
-        run_child("no_global_allocation_after_warm_up", &[("SCALEMEM_TEST_CHILD", "1")]);
+        common::run_child("no_global_allocation_after_warm_up", &[("SCALEMEM_TEST_CHILD", "1")]);
         return;
     }
     for caches in both_modes(TINY) {
@@ -417,24 +417,6 @@ fn no_global_allocation_after_warm_up() {
     }
 }
 
-/// Runs one test of this binary in a child process with `env` set.
-fn run_child(test: &str, env: &[(&str, &str)]) {
-    let exe = std::env::current_exe().expect("the test binary");
-    let mut command = std::process::Command::new(exe);
-    command.args(["--exact", test, "--test-threads", "1", "--nocapture"]);
-    for (key, value) in env {
-        command.env(key, value);
-    }
-    let output = command.output().expect("spawn the child test process");
-    assert!(
-        output.status.success(),
-        "child `{test}` with {env:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(String::from_utf8_lossy(&output.stdout).contains("1 passed"), "the child ran no test");
-}
-
 /// Sets the address-space limit (RLIMIT_AS) to `bytes`.
 fn limit_address_space(bytes: libc::rlim_t) {
     let limit = libc::rlimit { rlim_cur: bytes, rlim_max: libc::RLIM_INFINITY };
@@ -449,7 +431,7 @@ fn limit_address_space(bytes: libc::rlim_t) {
 #[test]
 fn refused_mmap_is_a_miss() {
     if std::env::var("MAGAZINE_CHILD").as_deref() != Ok("enomem") {
-        return run_child("refused_mmap_is_a_miss", &[("MAGAZINE_CHILD", "enomem")]);
+        return common::run_child("refused_mmap_is_a_miss", &[("MAGAZINE_CHILD", "enomem")]);
     }
     let layers = both_modes(TINY);
     drop(scalemem::epoch::pin()); // registers this thread with the epoch first

@@ -1,6 +1,7 @@
 //! Model-based tests (issue 9, the primitives' part): proptest drives random operation
 //! sequences against `PercpuRef`, `Refcache` (strong and weak references, intrusive
-//! headers) and `RmLock`, and checks every observable result against a small reference
+//! headers), `RmLock` and umem's global allocator (`Umem`'s `GlobalAlloc` and the C
+//! family, blocks filled with patterns), and checks every observable result against a small reference
 //! model after each step. Shrinking turns a failure into a minimal sequence.
 //!
 //! The sequences run on one thread (the concurrent behaviour is what the loom models and
@@ -363,5 +364,199 @@ proptest! {
         prop_assert!(!lock.is_write_locked());
         prop_assert_eq!(*lock.try_write().expect("free after every guard is dropped"), value);
         prop_assert_eq!(lock.into_inner(), value);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// GlobalAlloc (umem's Umem) and the C family
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+enum AllocOp {
+    /// `GlobalAlloc::alloc` of (size, log2 align).
+    Alloc(usize, u8),
+    /// `GlobalAlloc::realloc` of the i-th live Rust block to a new size.
+    Realloc(usize, usize),
+    /// `GlobalAlloc::dealloc` of the i-th live Rust block.
+    Dealloc(usize),
+    /// `malloc`, `calloc` or `aligned_alloc` (log2 align) of a size.
+    CAlloc(usize, u8),
+    /// C `realloc` of the i-th live C block (size 0 frees).
+    CRealloc(usize, usize),
+    /// C `free` of the i-th live C block.
+    CFree(usize),
+}
+
+/// Sizes across every path: tiny, each size-class range, just past the largest class,
+/// and large blocks.
+fn alloc_size() -> impl Strategy<Value = usize> {
+    prop_oneof![1usize..=64, 65usize..=4096, 4097usize..=(128 << 10) + 64, (128usize << 10)..=(3 << 20)]
+}
+
+fn alloc_op() -> impl Strategy<Value = AllocOp> {
+    prop_oneof![
+        3 => (alloc_size(), 0u8..=13).prop_map(|(s, a)| AllocOp::Alloc(s, a)),
+        2 => (any::<usize>(), alloc_size()).prop_map(|(i, s)| AllocOp::Realloc(i, s)),
+        2 => any::<usize>().prop_map(AllocOp::Dealloc),
+        3 => (prop_oneof![0usize..=64, alloc_size()], 0u8..=16).prop_map(|(s, a)| AllocOp::CAlloc(s, a)),
+        2 => (any::<usize>(), prop_oneof![Just(0usize), alloc_size()]).prop_map(|(i, s)| AllocOp::CRealloc(i, s)),
+        2 => any::<usize>().prop_map(AllocOp::CFree),
+    ]
+}
+
+/// A live block in the model: address, size, alignment asked, fill byte.
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    ptr: *mut u8,
+    size: usize,
+    align: usize,
+    fill: u8,
+}
+
+impl Block {
+    /// Fills the block with its pattern (first and last bytes and one per 4 KiB page,
+    /// so large blocks stay cheap).
+    fn fill(&self) {
+        for at in (0..self.size).step_by(4096).chain([self.size - 1]) {
+            // SAFETY: `at < size`: inside the live block.
+            unsafe { self.ptr.add(at).write(self.fill ^ (at as u8)) };
+        }
+    }
+
+    /// Checks the pattern at the probe points below `len` (after a realloc: the new
+    /// address with the old size's pattern, up to the smaller size).
+    fn check(&self, len: usize) {
+        for at in (0..self.size).step_by(4096).chain([self.size - 1]) {
+            if at >= len {
+                continue;
+            }
+            // SAFETY: `at < len <=` the live block's size.
+            let got = unsafe { self.ptr.add(at).read() };
+            assert_eq!(got, self.fill ^ (at as u8), "block {:?}: byte {at} changed", self.ptr);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(cases())]
+
+    /// Random sequences of Rust and C allocator calls against a model of the live blocks:
+    /// every block is aligned as asked, holds its size (`usable_size` too), keeps its
+    /// pattern until freed (so no two live blocks overlap and realloc moves content),
+    /// and impossible requests get null.
+    #[test]
+    fn global_alloc_matches_its_model(ops in proptest::collection::vec(alloc_op(), 1..60)) {
+        use std::alloc::{GlobalAlloc, Layout};
+        use scalemem::umem::global;
+        let umem = scalemem::Umem::new();
+        let mut rust: Vec<Block> = Vec::new();
+        let mut c: Vec<Block> = Vec::new();
+        let mut fill = 0u8;
+        let mut next_fill = || { fill = fill.wrapping_add(37); fill };
+        for op in ops {
+            match op {
+                AllocOp::Alloc(size, shift) => {
+                    let align = 1usize << shift;
+                    let layout = Layout::from_size_align(size, align).unwrap();
+                    // SAFETY: a non-zero size.
+                    let ptr = unsafe { umem.alloc(layout) };
+                    prop_assert!(!ptr.is_null());
+                    prop_assert_eq!(ptr as usize % align, 0);
+                    let b = Block { ptr, size, align, fill: next_fill() };
+                    b.fill();
+                    rust.push(b);
+                }
+                AllocOp::Realloc(i, new) if !rust.is_empty() => {
+                    let b = rust.swap_remove(i % rust.len());
+                    b.check(b.size);
+                    let layout = Layout::from_size_align(b.size, b.align).unwrap();
+                    // SAFETY: a live block of `layout`; a non-zero new size that rounds
+                    // to at most isize::MAX.
+                    let ptr = unsafe { umem.realloc(b.ptr, layout, new) };
+                    prop_assert!(!ptr.is_null());
+                    prop_assert_eq!(ptr as usize % b.align, 0);
+                    Block { ptr, ..b }.check(b.size.min(new));
+                    let nb = Block { ptr, size: new, align: b.align, fill: next_fill() };
+                    nb.fill();
+                    rust.push(nb);
+                }
+                AllocOp::Dealloc(i) if !rust.is_empty() => {
+                    let b = rust.swap_remove(i % rust.len());
+                    b.check(b.size);
+                    // SAFETY: live, this layout, freed once.
+                    unsafe { umem.dealloc(b.ptr, Layout::from_size_align(b.size, b.align).unwrap()) };
+                }
+                AllocOp::CAlloc(size, shift) => {
+                    let align = 1usize << shift;
+                    let ptr = match shift % 3 {
+                        0 => global::malloc(size),
+                        1 => global::calloc(1, size),
+                        _ => global::aligned_alloc(align, size),
+                    };
+                    prop_assert!(!ptr.is_null());
+                    let align = if shift % 3 == 2 { align.max(global::MIN_ALIGN) } else { global::MIN_ALIGN };
+                    prop_assert_eq!(ptr as usize % align, 0);
+                    // SAFETY: live.
+                    let usable = unsafe { global::usable_size(ptr) };
+                    prop_assert!(usable >= size);
+                    if size > 0 {
+                        if shift % 3 == 1 {
+                            // SAFETY: `size` readable bytes.
+                            let zeroed = unsafe { std::slice::from_raw_parts(ptr, size) }.iter().all(|&x| x == 0);
+                            prop_assert!(zeroed);
+                        }
+                        let b = Block { ptr, size, align, fill: next_fill() };
+                        b.fill();
+                        c.push(b);
+                    } else {
+                        // SAFETY: from malloc, freed once.
+                        unsafe { global::free(ptr) };
+                    }
+                }
+                AllocOp::CRealloc(i, new) if !c.is_empty() => {
+                    let b = c.swap_remove(i % c.len());
+                    b.check(b.size);
+                    // SAFETY: a live C block; not used again unless returned.
+                    let ptr = unsafe { global::realloc(b.ptr, new) };
+                    if new == 0 {
+                        prop_assert!(ptr.is_null());
+                        continue;
+                    }
+                    prop_assert!(!ptr.is_null());
+                    prop_assert_eq!(ptr as usize % global::MIN_ALIGN, 0);
+                    // SAFETY: live.
+                    let usable = unsafe { global::usable_size(ptr) };
+                    prop_assert!(usable >= new);
+                    Block { ptr, ..b }.check(b.size.min(new));
+                    let nb = Block { ptr, size: new, align: b.align, fill: next_fill() };
+                    nb.fill();
+                    c.push(nb);
+                }
+                AllocOp::CFree(i) if !c.is_empty() => {
+                    let b = c.swap_remove(i % c.len());
+                    b.check(b.size);
+                    // SAFETY: live, freed once.
+                    unsafe { global::free(b.ptr) };
+                }
+                _ => {}
+            }
+        }
+        for b in rust.iter().chain(&c) {
+            b.check(b.size);
+        }
+        for b in rust {
+            // SAFETY: live, this layout, freed once.
+            unsafe { umem.dealloc(b.ptr, Layout::from_size_align(b.size, b.align).unwrap()) };
+        }
+        for b in c {
+            // SAFETY: live, freed once.
+            unsafe { global::free(b.ptr) };
+        }
+        // Impossible requests.
+        prop_assert!(global::aligned_alloc(24, 8).is_null());
+        prop_assert!(global::calloc(usize::MAX, 2).is_null());
+        // SAFETY: a valid layout; too large to serve.
+        let huge = unsafe { umem.alloc(Layout::from_size_align(isize::MAX as usize - 4095, 4096).unwrap()) };
+        prop_assert!(huge.is_null());
     }
 }

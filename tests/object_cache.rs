@@ -623,3 +623,75 @@ fn destroy_while_threads_allocate_and_free() {
         cache.assert_valid();
     }
 }
+
+/// The footprint aim: after a 16-thread stress (more threads than cores) and the
+/// decay interval (driven by hand: `update` for `decay_intervals + 1` intervals, then
+/// Refcache ticks), the process's RSS is back within 10% of where it started. RSS is
+/// process-wide, so this runs alone in a child process; the baseline is taken after one
+/// warm-up round, so that what glibc keeps for the test's own threads and `Vec`s (arenas,
+/// the thread-stack cache) is already in it.
+#[test]
+fn stress_rss_returns_after_decay() {
+    if std::env::var("OBJECT_CACHE_CHILD").as_deref() != Ok("rss") {
+        return common::run_child("stress_rss_returns_after_decay", &[("OBJECT_CACHE_CHILD", "rss")]);
+    }
+    const THREADS: usize = 16;
+    const HOLD: usize = 4096;
+    const SIZE: usize = 1024;
+    let regions = manual(0);
+    let config = Config { decay_intervals: 2, ..config() };
+    let cache = Arc::new(ObjectCache::new_in(regions, "rss", SIZE, 8, None, None, config).unwrap());
+    // One round: every thread fills HOLD objects (every byte written), the main thread
+    // reads the RSS at the peak, then every thread frees its objects. Returns the peak.
+    let round = || {
+        let barrier = Arc::new(Barrier::new(THREADS + 1));
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (cache, barrier) = (Arc::clone(&cache), Arc::clone(&barrier));
+                std::thread::spawn(move || {
+                    let mut held = Vec::with_capacity(HOLD);
+                    for i in 0..HOLD {
+                        let p = cache.alloc().unwrap();
+                        // SAFETY: SIZE writable bytes.
+                        unsafe { p.as_ptr().write_bytes((t + i) as u8, SIZE) };
+                        held.push(p.as_ptr() as usize);
+                    }
+                    barrier.wait();
+                    barrier.wait();
+                    for (i, addr) in held.into_iter().enumerate().rev() {
+                        let p = NonNull::new(addr as *mut u8).unwrap();
+                        // SAFETY: SIZE bytes written above.
+                        assert_eq!(unsafe { p.as_ptr().add(SIZE - 1).read() }, (t + i) as u8);
+                        // SAFETY: from this cache, freed once.
+                        unsafe { cache.free(p) }.unwrap();
+                    }
+                })
+            })
+            .collect();
+        barrier.wait();
+        let peak = rss();
+        barrier.wait();
+        for h in handles {
+            h.join().unwrap();
+        }
+        peak
+    };
+    let decay = || {
+        for _ in 0..=config.decay_intervals {
+            cache.update();
+        }
+        tick_until(regions, 10, |r| r.stats().mapped_bytes == 0);
+    };
+    round();
+    decay();
+    let base = rss();
+    let peak = round();
+    let held = peak.saturating_sub(base);
+    decay();
+    let after = rss();
+    eprintln!("rss: base {} KiB, peak {} KiB, after decay {} KiB", base >> 10, peak >> 10, after >> 10);
+    assert!(held >= THREADS * HOLD * SIZE * 9 / 10, "the stress held {held} bytes");
+    assert!(after <= base + base / 10, "RSS {after} after decay, {base} before the stress");
+    let stats = cache.stats();
+    assert_eq!((stats.in_use, stats.slabs, regions.stats().mapped_bytes), (0, 0, 0), "{stats:?}");
+}

@@ -8,7 +8,6 @@ mod common;
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::process::Command;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Barrier, mpsc};
@@ -424,24 +423,6 @@ fn sixteen_threads_mixing_reads_and_rare_writes_keep_the_invariant() {
 
 // --- The symmetric-fence fallback, in child processes ---
 
-/// Runs one test of this binary in a child process with `env` set.
-fn run_child(test: &str, env: &[(&str, &str)]) {
-    let exe = std::env::current_exe().expect("the test binary");
-    let mut command = Command::new(exe);
-    command.args(["--exact", test, "--test-threads", "1"]);
-    for (key, value) in env {
-        command.env(key, value);
-    }
-    let output = command.output().expect("spawn the child test process");
-    assert!(
-        output.status.success(),
-        "child `{test}` with {env:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(String::from_utf8_lossy(&output.stdout).contains("1 passed"), "the child ran no test");
-}
-
 /// Both sides fall back to SeqCst fences where membarrier is refused (forced here with
 /// `SCALEMEM_FENCE=symmetric`), chosen at run time: the stress passes in that mode, and
 /// across a switch from asymmetric to symmetric in the middle of a run. The fence mode is
@@ -455,8 +436,8 @@ fn symmetric_fence_fallback_in_child_processes() {
         _ => {}
     }
     let me = "symmetric_fence_fallback_in_child_processes";
-    run_child(me, &[("SCALEMEM_FENCE", "symmetric"), ("RMLOCK_CHILD", "symmetric")]);
-    run_child(me, &[("RMLOCK_CHILD", "switch")]);
+    common::run_child(me, &[("SCALEMEM_FENCE", "symmetric"), ("RMLOCK_CHILD", "symmetric")]);
+    common::run_child(me, &[("RMLOCK_CHILD", "switch")]);
 }
 
 fn switch_to_symmetric_under_load() {

@@ -623,6 +623,30 @@ impl ObjectCache {
         self.inner().stats()
     }
 
+    /// The magazine-hit half of [`alloc`](Self::alloc): a round from this CPU's loaded
+    /// magazine, or `None` (then call `alloc`). Skips the destroyed-flag protocol, so
+    /// only for caches that are never destroyed and not in checking mode (the global
+    /// allocator's size classes).
+    #[inline]
+    pub(crate) fn alloc_cached(&self) -> Option<NonNull<u8>> {
+        let inner = self.inner();
+        debug_assert!(!inner.checking && !inner.is_dead());
+        inner.cpu.try_pop()
+    }
+
+    /// The magazine-hit half of [`free`](Self::free): true if the object went into this
+    /// CPU's loaded magazine; false and nothing done otherwise (then call `free`). Only
+    /// for caches that are never destroyed and not in checking mode.
+    ///
+    /// # Safety
+    /// As [`free`](Self::free).
+    #[inline]
+    pub(crate) unsafe fn free_cached(&self, ptr: NonNull<u8>) -> bool {
+        let inner = self.inner();
+        debug_assert!(!inner.checking && !inner.is_dead());
+        inner.cpu.try_push(ptr)
+    }
+
     /// Takes the cache's locks (reconfiguration, then slab) without a scope, for the
     /// global allocator's `fork` handlers.
     pub(crate) fn fork_lock(&self) {
@@ -825,6 +849,7 @@ impl Inner {
     fn reap(&self) -> usize {
         let drained = self.drain_all();
         self.shared.slab.shrink();
+        super::magazine::trim();
         drained
     }
 
@@ -853,6 +878,8 @@ impl Inner {
             self.shared.slab.shrink();
             idle = 0;
         }
+        // The magazines freed by this and earlier intervals give their pages back.
+        super::magazine::trim();
         // Re-read the misses: the decay's own drain is not traffic.
         let misses = self.misses.load(Ordering::Relaxed) & 0xFFFF_FFFF;
         self.decay.store(idle << 32 | misses, Ordering::Relaxed);

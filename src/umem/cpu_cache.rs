@@ -506,6 +506,20 @@ impl CpuCaches {
         if self.push_round(round) { Ok(()) } else { self.free_slow(round) }
     }
 
+    /// A round from the current CPU's loaded magazine, or `None` (no depot, no swap):
+    /// one rseq section (or one try-lock), for callers with their own slow path.
+    #[inline]
+    pub(crate) fn try_pop(&self) -> Option<NonNull<u8>> {
+        self.pop_round()
+    }
+
+    /// Pushes `round` into the current CPU's loaded magazine if it has room (no depot,
+    /// no swap); false otherwise, the round still the caller's.
+    #[inline]
+    pub(crate) fn try_push(&self, round: NonNull<u8>) -> bool {
+        self.push_round(round)
+    }
+
     #[inline]
     fn pop_round(&self) -> Option<NonNull<u8>> {
         match self.mode {

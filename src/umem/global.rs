@@ -44,7 +44,9 @@
 //! regions' Refcache domain or the `fork` handlers' registration uses `Box`, `Arc` and
 //! glibc functions that call `malloc` — which is this allocator. Each thread therefore
 //! carries a **guard** flag (a `const` thread-local: no registration, usable from
-//! thread-local destructors), set for the duration of every call into the heap. A
+//! thread-local destructors), set for the duration of every slow path (anything past a pop from or a
+//! push into the CPU's loaded magazine: that one rseq section calls nothing, so it
+//! needs no guard and is safe re-entrantly). A
 //! request that finds it set is re-entrant and is served from the **bootstrap arena**:
 //! a bump allocator over one lazily mapped 32 MiB range, whose blocks are never reused
 //! (a free of one is ignored; a `realloc` copies out). Only set-up allocations, a few
@@ -55,14 +57,15 @@
 //!
 //! Size-class caches run without the background reaper thread (a thread started from
 //! inside `malloc` is a hazard: before `main`, under glibc's loader lock, across
-//! `fork`). Their maintenance is piggy-backed instead: every 256th allocation on a
-//! thread looks at the clock, and when an interval has passed one thread (try-lock)
+//! `fork`). Their maintenance is piggy-backed instead: every 64th slow path (a
+//! magazine miss or a large request, allocation or free) on a thread looks at the clock, and when an interval has passed one thread (try-lock)
 //! ticks the regions' Refcache (every 10 ms: a region goes back two epochs after its
 //! last slab) and runs each cache's working-set update (every second: idle magazines
 //! reaped, a cache without slab traffic for ten intervals drained). The large heap
 //! decays on its own calls. A program that stops calling the allocator keeps its
 //! cached memory until [`trim`] or [`maintain`] is called, or until the thread from
-//! [`spawn_maintenance_thread`] does it: the documented trade-off.
+//! [`spawn_maintenance_thread`] does it: the documented trade-off. (The `LD_PRELOAD`
+//! library starts that thread from its constructor, outside any allocation.)
 //!
 //! # `fork`
 //!
@@ -156,8 +159,9 @@ std::thread_local! {
     static COUNTDOWN: Cell<u32> = const { Cell::new(0) };
 }
 
-/// Allocations between two looks at the maintenance clock, per thread.
-const MAINTAIN_EVERY: u32 = 256;
+/// Slow paths (magazine misses, large requests) between two looks at the maintenance
+/// clock, per thread.
+const MAINTAIN_EVERY: u32 = 64;
 
 /// Proof that this thread entered the heap; clears the guard when dropped.
 struct Entered;
@@ -393,6 +397,7 @@ fn build_heap() -> Option<*const Heap> {
 }
 
 /// The heap if it has been made (no set-up).
+#[inline]
 fn heap_if_made() -> Option<&'static Heap> {
     // Acquire: as in `heap`.
     let h = HEAP.load(Ordering::Acquire);
@@ -448,6 +453,15 @@ impl Heap {
         (!c.is_null()).then(|| unsafe { &*c })
     }
 
+    /// Class `i`'s cache if it has been made (no set-up).
+    #[inline]
+    fn made_cache(&self, class: ClassIndex) -> Option<&ObjectCache> {
+        // Acquire: as in `cache`.
+        let c = self.caches[class.get()].load(Ordering::Acquire);
+        // SAFETY: as in `cache`.
+        (!c.is_null()).then(|| unsafe { &*c })
+    }
+
     /// Every cache made so far.
     fn made(&self) -> impl Iterator<Item = &ObjectCache> {
         self.caches.iter().filter_map(|c| {
@@ -472,20 +486,48 @@ impl Heap {
     }
 
     /// Frees a block whose path is known: `class` for a size-class object, `None` for
-    /// a large block.
+    /// a large block. The fast path: a push into this CPU's loaded magazine, with no
+    /// guard (one rseq section calls nothing, so it is safe even re-entrantly).
     ///
     /// # Safety
     /// `ptr` is a live block of that path, freed once.
     #[inline]
+    unsafe fn free_block(&'static self, ptr: NonNull<u8>, class: Option<ClassIndex>) {
+        if let Some(class) = class
+            && let Some(cache) = self.made_cache(class)
+            // SAFETY: a live object of this cache, freed once (the caller's); the
+            // global caches are never destroyed and never in checking mode.
+            && unsafe { cache.free_cached(ptr) }
+        {
+            return;
+        }
+        // SAFETY: the caller's contract.
+        unsafe { self.free_slow(ptr, class) }
+    }
+
+    /// [`free_block`](Self::free_block) past the loaded magazine, under the guard.
+    ///
+    /// # Safety
+    /// As `free_block`.
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_slow(&'static self, ptr: NonNull<u8>, class: Option<ClassIndex>) {
+        let _entered = Entered::enter();
+        countdown(self);
+        // SAFETY: the caller's contract.
+        unsafe { self.free_known(ptr, class) }
+    }
+
+    /// # Safety
+    /// As `free_block`.
     unsafe fn free_known(&'static self, ptr: NonNull<u8>, class: Option<ClassIndex>) {
         match class {
             Some(class) => {
-                // Acquire: as in `cache`. The cache exists: it made the block.
-                let c = self.caches[class.get()].load(Ordering::Acquire);
-                if let Some(cache) = NonNull::new(c) {
+                // The cache exists: it made the block.
+                if let Some(cache) = self.made_cache(class) {
                     // SAFETY: a live object of this cache (the caller's), without a
                     // constructor: any bytes are a valid "constructed" object.
-                    let _ = unsafe { cache.as_ref().free(ptr) };
+                    let _ = unsafe { cache.free(ptr) };
                 }
             }
             None => {
@@ -588,7 +630,29 @@ pub fn aligned_alloc(align: usize, size: usize) -> *mut u8 {
     if !align.is_power_of_two() || size > isize::MAX as usize - PAGE {
         return ptr::null_mut();
     }
-    let align = align.max(MIN_ALIGN);
+    alloc_block(size, align.max(MIN_ALIGN))
+}
+
+/// Every interface's allocation: the fast path is a pop from this CPU's loaded magazine
+/// of the class's cache, with no guard (one rseq section calls nothing, so it is safe
+/// even re-entrantly); anything else is [`alloc_slow`].
+#[inline]
+fn alloc_block(size: usize, align: usize) -> *mut u8 {
+    if let Some(heap) = heap_if_made()
+        && let Some(class) = class_of(size, align)
+        && let Some(cache) = heap.made_cache(class)
+        && let Some(p) = cache.alloc_cached()
+    {
+        return p.as_ptr();
+    }
+    alloc_slow(size, align)
+}
+
+/// The allocation slow path, under the guard: a re-entrant request goes to the
+/// bootstrap arena; the heap and the class's cache are made on first use.
+#[cold]
+#[inline(never)]
+fn alloc_slow(size: usize, align: usize) -> *mut u8 {
     let Some(_entered) = Entered::enter() else { return boot_alloc(size.max(1), align) };
     match heap() {
         Some(heap) => heap.alloc(size, align),
@@ -636,11 +700,10 @@ pub unsafe fn free(ptr: *mut u8) {
         return;
     }
     let Some(heap) = heap_if_made() else { return };
-    let _entered = Entered::enter();
     // SAFETY: a live block of ours or a foreign pointer (the caller's contract).
     if let Some((class, _)) = unsafe { heap.find(ptr) } {
         // SAFETY: found live on that path; freed once (the caller's).
-        unsafe { heap.free_known(nn, class) };
+        unsafe { heap.free_block(nn, class) };
     }
 }
 
@@ -786,23 +849,42 @@ pub fn maintain() {
     }
 }
 
-/// Starts a thread that calls [`maintain`] every `period` for the life of the process,
-/// so that memory freed by a program that then goes quiet still goes back to the
-/// kernel (within about ten working-set intervals plus two Refcache epochs). Call it
-/// from ordinary code (`main`), not from inside an allocation.
+/// Starts a thread that runs the heap's maintenance on its own clock for the life of
+/// the process — a Refcache tick every 10 ms, each cache's working-set update and the
+/// large heap's decay every second, as the piggy-backed maintenance would — so that
+/// memory freed by a program that then goes quiet still goes back to the kernel (within
+/// about ten working-set intervals plus two Refcache epochs, some 11 s). At most one
+/// such thread runs (later calls return `Ok` and start nothing); a `fork`ed child has
+/// none. Call it from ordinary code (`main`, or a library constructor), never from
+/// inside an allocation: starting a thread takes glibc's loader locks.
 ///
 /// ```no_run
-/// scalemem::umem::global::spawn_maintenance_thread(std::time::Duration::from_millis(100))?;
+/// scalemem::umem::global::spawn_maintenance_thread()?;
 /// # Ok::<(), std::io::Error>(())
 /// ```
-pub fn spawn_maintenance_thread(period: core::time::Duration) -> std::io::Result<()> {
-    std::thread::Builder::new().name("umem-maintain".into()).spawn(move || {
+pub fn spawn_maintenance_thread() -> std::io::Result<()> {
+    static STARTED: AtomicBool = AtomicBool::new(false);
+    // Relaxed: only one caller wins; nothing else is published through the flag.
+    if STARTED.swap(true, Ordering::Relaxed) {
+        return Ok(());
+    }
+    let spawned = std::thread::Builder::new().name("umem-maintain".into()).stack_size(64 << 10).spawn(|| {
         loop {
-            std::thread::sleep(period);
-            maintain();
+            std::thread::sleep(core::time::Duration::from_nanos(TICK_NS));
+            if let Some(heap) = heap_if_made() {
+                let _entered = Entered::enter();
+                heap.maintain(false);
+            }
         }
-    })?;
-    Ok(())
+    });
+    match spawned {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            // Relaxed: as above; a later call may try again.
+            STARTED.store(false, Ordering::Relaxed);
+            Err(e)
+        }
+    }
 }
 
 fn mapped(heap: &Heap) -> usize {
@@ -888,11 +970,7 @@ extern "C" fn fork_child() {
 unsafe impl GlobalAlloc for Umem {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let Some(_entered) = Entered::enter() else { return boot_alloc(layout.size(), layout.align()) };
-        match heap() {
-            Some(heap) => heap.alloc(layout.size(), layout.align()),
-            None => ptr::null_mut(),
-        }
+        alloc_block(layout.size(), layout.align())
     }
 
     #[inline]
@@ -901,10 +979,9 @@ unsafe impl GlobalAlloc for Umem {
             return;
         }
         let Some(heap) = heap_if_made() else { return };
-        let _entered = Entered::enter();
         // SAFETY: the caller's contract: a live block of this layout (so of this path),
         // not null, freed once.
-        unsafe { heap.free_known(NonNull::new_unchecked(ptr), class_of(layout.size(), layout.align())) };
+        unsafe { heap.free_block(NonNull::new_unchecked(ptr), class_of(layout.size(), layout.align())) };
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {

@@ -21,13 +21,18 @@
 //! # The pool
 //!
 //! Magazine memory never comes from the global allocator. Outside loom a process-wide
-//! pool carves blocks of 256, 512, ... 4096 bytes (each 256-byte aligned) out of 64 KiB
-//! chunks from [`os::map`](crate::os), and keeps freed blocks on one free list per block
-//! size, under a spin lock held for a few instructions. Chunks are never returned to the
-//! kernel: magazine memory is a small, bounded fraction of what it caches. Under loom
-//! each magazine is its own mapping (loom's `os::map` is the global allocator).
+//! pool carves blocks of 256, 512, ... 4096 bytes (each aligned to its size) out of
+//! 64 KiB chunks from [`os::map`](crate::os), one chunk at a time per block size (so a
+//! page holds blocks of one size), and keeps freed blocks' addresses on one stack per
+//! block size, in a side mapping, under a spin lock held for a few instructions.
+//! Because free blocks are not linked through their own memory, [`trim`] (called by
+//! reaps) can give every page whose blocks are all free back to the kernel
+//! (`MADV_DONTNEED`) while the blocks stay on their stacks: after a burst of frees
+//! fills thousands of depot magazines, their memory goes back with the objects'. The
+//! chunks stay mapped. Under loom each magazine is its own mapping (loom's `os::map`
+//! is the global allocator).
 //!
-//! Invariants: a block is on at most one free list; a block handed out is 256-byte
+//! Invariants: a block is on at most one free stack; a block handed out is 256-byte
 //! aligned and below 2^48 (the depot packs a version tag into the other bits of its
 //! head word, `depot.rs`); a magazine is returned to the pool only through
 //! [`retire`] after an epoch grace period, or directly by a holder that can prove no
@@ -136,6 +141,15 @@ impl Magazine {
     }
 }
 
+/// Gives the pages of free magazine blocks back to the kernel (see "The pool"): first
+/// this thread's retired magazines are handed to the epoch collector, which frees those
+/// whose grace period has passed. Returns the bytes given back.
+pub(crate) fn trim() -> usize {
+    #[cfg(not(scalemem_loom))]
+    crate::epoch::pin().flush();
+    pool::trim()
+}
+
 /// The reclaim function of retired magazines.
 ///
 /// # Safety
@@ -157,28 +171,47 @@ mod pool {
 
     /// Block sizes 256 << class for class in 0..CLASSES (256 B to 4 KiB).
     const CLASSES: usize = 5;
-    /// Bytes mapped at a time.
+    /// Bytes mapped at a time, per class.
     const CHUNK: usize = 64 * 1024;
+    /// The kernel's page: the unit [`trim`] gives back.
+    const PAGE: usize = 4096;
+    /// Free-stack entries per class (8 MiB of address space each, touched as used: room
+    /// for 2^20 free magazines, far above any real cache). A free that finds its stack
+    /// full drops the block (counted, never reused): a bounded leak rather than a
+    /// failure.
+    const STACK_ENTRIES: usize = 1 << 20;
+    /// Frees between two trims that do any work.
+    const TRIM_AFTER: usize = 256;
 
-    struct Pool {
-        /// Spin lock over `free` and `bump`; held for a few instructions, never across a
-        /// call that could block or allocate (the mmap of a new chunk happens outside).
-        lock: AtomicBool,
-        /// Free list heads per class; a free block's first word links to the next.
-        free: [UnsafeCell<*mut u8>; CLASSES],
-        /// The current chunk's unused range.
-        bump: UnsafeCell<(usize, usize)>,
+    /// A class's free blocks, as addresses in a side mapping (not linked through the
+    /// blocks, so a whole page of free blocks can be given back without losing them).
+    struct Stack {
+        /// `STACK_ENTRIES` words, mapped on the class's first free (null before).
+        words: *mut usize,
+        len: usize,
     }
 
-    // SAFETY: `free` and `bump` are accessed only under `lock` (Acquire on taking it,
-    // Release on dropping it); the blocks they point to are owned by the pool until
-    // handed out.
+    struct Pool {
+        /// Spin lock over everything below; held for a few instructions, except in
+        /// `trim` (rare: a reap), never across a call that could allocate.
+        lock: AtomicBool,
+        free: [UnsafeCell<Stack>; CLASSES],
+        /// Each class's current chunk's unused range (classes never share a page).
+        bump: [UnsafeCell<(usize, usize)>; CLASSES],
+        /// Frees since the last trim; blocks dropped because a stack was full.
+        counts: UnsafeCell<(usize, usize)>,
+    }
+
+    // SAFETY: every field but `lock` is accessed only under `lock` (Acquire on taking
+    // it, Release on dropping it); the blocks and stacks they point to are owned by the
+    // pool until handed out.
     unsafe impl Sync for Pool {}
 
     static POOL: Pool = Pool {
         lock: AtomicBool::new(false),
-        free: [const { UnsafeCell::new(ptr::null_mut()) }; CLASSES],
-        bump: UnsafeCell::new((0, 0)),
+        free: [const { UnsafeCell::new(Stack { words: ptr::null_mut(), len: 0 }) }; CLASSES],
+        bump: [const { UnsafeCell::new((0, 0)) }; CLASSES],
+        counts: UnsafeCell::new((0, 0)),
     };
 
     fn class_of(bytes: usize) -> Option<usize> {
@@ -203,21 +236,22 @@ mod pool {
         let size = MAG_ALIGN << class;
         loop {
             let got = with_lock(|| {
-                let head = POOL.free[class].with_mut(|h| {
-                    // SAFETY: under the lock; free blocks are pool-owned and their first
-                    // word is the list link.
+                let popped = POOL.free[class].with_mut(|s| {
+                    // SAFETY: under the lock; the first `len` words of a mapped stack are
+                    // free blocks of this class.
                     unsafe {
-                        let block = *h;
-                        if !block.is_null() {
-                            *h = *block.cast::<*mut u8>();
+                        let s = &mut *s;
+                        if s.len == 0 {
+                            return ptr::null_mut();
                         }
-                        block
+                        s.len -= 1;
+                        ptr::with_exposed_provenance_mut::<u8>(*s.words.add(s.len))
                     }
                 });
-                if !head.is_null() {
-                    return Some(head);
+                if !popped.is_null() {
+                    return Some(popped);
                 }
-                POOL.bump.with_mut(|b| {
+                POOL.bump[class].with_mut(|b| {
                     // SAFETY: under the lock.
                     let (start, end) = unsafe { *b };
                     let aligned = (start + size - 1) & !(size - 1);
@@ -245,7 +279,7 @@ mod pool {
             }
             with_lock(|| {
                 // SAFETY: under the lock.
-                POOL.bump.with_mut(|b| unsafe { *b = (base, base + CHUNK) });
+                POOL.bump[class].with_mut(|b| unsafe { *b = (base, base + CHUNK) });
             });
         }
     }
@@ -254,19 +288,123 @@ mod pool {
     /// `block` came from `alloc(bytes)` and nobody refers to it any more.
     pub(super) unsafe fn free(block: NonNull<u8>, bytes: usize) {
         let Some(class) = class_of(bytes) else { return };
-        // A freed block is poisoned (except its link word) under AddressSanitizer, so a
-        // thread that touches a magazine after its grace period is reported.
-        asan::poison_after_link(block, MAG_ALIGN << class);
+        // A freed block is poisoned under AddressSanitizer, so a thread that touches a
+        // magazine after its grace period is reported.
+        asan::poison(block, MAG_ALIGN << class);
+        // The class's stack is mapped outside the lock on its first free; a racing
+        // mapper's copy is unmapped.
+        // SAFETY: under the lock (a read of the pointer).
+        if with_lock(|| POOL.free[class].with_mut(|s| unsafe { (*s).words.is_null() })) {
+            let Ok(words) = crate::os::map(STACK_ENTRIES * size_of::<usize>()) else {
+                // No memory for the stack: drop the block (counted).
+                // SAFETY: under the lock.
+                with_lock(|| POOL.counts.with_mut(|c| unsafe { (*c).1 += 1 }));
+                return;
+            };
+            let lost = with_lock(|| {
+                POOL.free[class].with_mut(|s| {
+                    // SAFETY: under the lock.
+                    unsafe {
+                        if (*s).words.is_null() {
+                            (*s).words = words.as_ptr().cast();
+                            false
+                        } else {
+                            true
+                        }
+                    }
+                })
+            });
+            if lost {
+                // SAFETY: mapped above with this length, never published.
+                unsafe { crate::os::unmap(words, STACK_ENTRIES * size_of::<usize>()) };
+            }
+        }
         with_lock(|| {
-            POOL.free[class].with_mut(|h| {
-                // SAFETY: under the lock; the block is ours again (contract) and at least
-                // one word long.
+            POOL.free[class].with_mut(|s| {
+                // SAFETY: under the lock; the stack is mapped (above, never unmapped)
+                // and `len < STACK_ENTRIES` is checked before the write.
                 unsafe {
-                    block.as_ptr().cast::<*mut u8>().write(*h);
-                    *h = block.as_ptr();
+                    let s = &mut *s;
+                    if s.len < STACK_ENTRIES {
+                        *s.words.add(s.len) = block.as_ptr().expose_provenance();
+                        s.len += 1;
+                        POOL.counts.with_mut(|c| (*c).0 += 1);
+                    } else {
+                        POOL.counts.with_mut(|c| (*c).1 += 1);
+                    }
                 }
             });
         });
+    }
+
+    /// Gives back to the kernel (`MADV_DONTNEED`) every page whose blocks are all free,
+    /// if enough frees happened since the last trim; the blocks stay in their stacks (a
+    /// reuse faults in a zero page, and every magazine is initialised when made).
+    /// Returns the bytes given back. Sorts each stack under the lock: for reaps only.
+    pub(crate) fn trim() -> usize {
+        with_lock(|| {
+            // SAFETY: under the lock.
+            let due = POOL.counts.with_mut(|c| unsafe {
+                let due = (*c).0 >= TRIM_AFTER;
+                if due {
+                    (*c).0 = 0;
+                }
+                due
+            });
+            if !due {
+                return 0;
+            }
+            let mut given = 0;
+            for class in 0..CLASSES {
+                let per_page = PAGE / (MAG_ALIGN << class);
+                POOL.free[class].with_mut(|s| {
+                    // SAFETY: under the lock; the first `len` words of a mapped stack
+                    // are the class's free blocks, ours to reorder.
+                    let words = unsafe {
+                        let s = &mut *s;
+                        if s.words.is_null() {
+                            return;
+                        }
+                        core::slice::from_raw_parts_mut(s.words, s.len)
+                    };
+                    words.sort_unstable();
+                    // Runs of consecutive wholly free pages, each given back in one call.
+                    let mut run: Option<(usize, usize)> = None;
+                    let mut i = 0;
+                    while i < words.len() {
+                        let page = words[i] & !(PAGE - 1);
+                        let mut j = i;
+                        while j < words.len() && words[j] & !(PAGE - 1) == page {
+                            j += 1;
+                        }
+                        if j - i == per_page {
+                            run = match run {
+                                Some((start, end)) if end == page => Some((start, page + PAGE)),
+                                other => {
+                                    given += give_back(other);
+                                    Some((page, page + PAGE))
+                                }
+                            };
+                        }
+                        i = j;
+                    }
+                    given += give_back(run);
+                });
+            }
+            given
+        })
+    }
+
+    /// `MADV_DONTNEED` over a run of wholly free pages; its length, or 0.
+    fn give_back(run: Option<(usize, usize)>) -> usize {
+        let Some((start, end)) = run else { return 0 };
+        // SAFETY: the run is whole pages of pool chunks (mapped, never unmapped) whose
+        // blocks are all free: nobody reads them until a block is handed out again,
+        // initialised then.
+        let ok = unsafe {
+            crate::umem::os::dontneed(NonNull::new_unchecked(ptr::with_exposed_provenance_mut(start)), end - start)
+        };
+        if ok { end - start } else { 0 }
     }
 }
 
@@ -281,14 +419,14 @@ mod asan {
         fn __asan_unpoison_memory_region(addr: *const core::ffi::c_void, size: usize);
     }
 
-    /// Marks a freed block unreachable, except its first word (the free-list link).
+    /// Marks a freed block unreachable.
     #[inline]
-    pub(super) fn poison_after_link(_block: NonNull<u8>, _size: usize) {
+    pub(super) fn poison(_block: NonNull<u8>, _size: usize) {
         #[cfg(scalemem_asan)]
         // SAFETY: the sanitizer runtime is linked (the cfg is set only with it); the
         // range lies inside a live mapping of the pool.
         unsafe {
-            __asan_poison_memory_region(_block.as_ptr().add(8).cast(), _size - 8)
+            __asan_poison_memory_region(_block.as_ptr().cast(), _size)
         };
     }
 
@@ -296,7 +434,7 @@ mod asan {
     #[inline]
     pub(super) fn unpoison(_block: NonNull<u8>, _size: usize) {
         #[cfg(scalemem_asan)]
-        // SAFETY: as in poison_after_link.
+        // SAFETY: as in poison.
         unsafe {
             __asan_unpoison_memory_region(_block.as_ptr().cast(), _size)
         };
@@ -316,6 +454,11 @@ mod pool {
     pub(super) unsafe fn free(block: NonNull<u8>, bytes: usize) {
         // SAFETY: mapped by alloc with this length; unreachable (contract).
         unsafe { crate::os::unmap(block, bytes) };
+    }
+
+    /// Nothing to give back: every freed magazine is unmapped at once.
+    pub(crate) fn trim() -> usize {
+        0
     }
 }
 
