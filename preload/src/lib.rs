@@ -37,7 +37,7 @@
 //! and reentrancy-safe, callable before `main` and in a forked child:
 //!
 //! - **Initialisation** is lazy, inside the first call (often from the dynamic loader or
-//!   libc, before `main`). There is no constructor here and no `dlsym`; memory comes
+//!   libc, before `main`). There is no `dlsym`; memory comes
 //!   from `mmap` system calls. Making the heap does use `Box`, `Arc` and
 //!   `pthread_atfork`, which call `malloc` — this library — again: the library marks
 //!   the thread while it is inside the heap and serves such re-entrant calls from a
@@ -53,8 +53,16 @@
 //! - **Foreign pointers**: `free` ignores a pointer the library did not hand out (the
 //!   dynamic loader's own minimal allocator predates us), `malloc_usable_size` says 0
 //!   for one, and `realloc` of one fails (null, `ENOMEM`).
-//! - **Memory back to the kernel**: by maintenance piggy-backed on allocations, and at
-//!   once on `malloc_trim`.
+//! - **Memory back to the kernel**: by maintenance piggy-backed on allocations, at once
+//!   on `malloc_trim`, and by the maintenance thread that this library's constructor
+//!   starts ([`spawn_maintenance_thread`](scalemem::umem::global::spawn_maintenance_thread):
+//!   a Refcache tick every 10 ms, working-set reaping and decay every second), so that a
+//!   program that frees and goes quiet gets its memory back within some 11 s. The
+//!   constructor runs at load time, outside any allocation (a thread started from
+//!   inside `malloc` could wait on a loader lock its caller holds). Set
+//!   `SCALEMEM_BACKGROUND=0` for a process that must stay single-threaded (one that calls
+//!   `unshare(CLONE_NEWUSER)`, say); a `fork`ed child has no such thread (it calls
+//!   `malloc_trim` or relies on the piggy-backed maintenance).
 //!
 //! # Why no `dlsym`
 //!
@@ -608,3 +616,23 @@ fn errno() -> c_int {
     // SAFETY: as in `set_errno`: a valid, aligned `int` of the calling thread.
     unsafe { *libc::__errno_location() }
 }
+
+/// The library constructor: starts the maintenance thread unless `SCALEMEM_BACKGROUND`
+/// is `0` (module documentation, "Memory back to the kernel").
+extern "C" fn start_maintenance() {
+    // SAFETY: a NUL-terminated name; `getenv` reads the environment and allocates
+    // nothing. The result is null or a NUL-terminated string owned by the environment.
+    let off = unsafe {
+        let value = libc::getenv(c"SCALEMEM_BACKGROUND".as_ptr());
+        !value.is_null() && *value == b'0' as libc::c_char && *value.add(1) == 0
+    };
+    if !off {
+        // A process that cannot start a thread still has piggy-backed maintenance.
+        let _ = umem::spawn_maintenance_thread();
+    }
+}
+
+/// Runs [`start_maintenance`] when the library is loaded, after libc is initialised.
+#[used]
+#[unsafe(link_section = ".init_array")]
+static START_MAINTENANCE: extern "C" fn() = start_maintenance;

@@ -673,10 +673,18 @@ fn alloc_slow(size: usize, align: usize) -> *mut u8 {
 /// ```
 pub fn calloc(n: usize, size: usize) -> *mut u8 {
     let Some(total) = n.checked_mul(size) else { return ptr::null_mut() };
+    if class_of(total, MIN_ALIGN).is_none() && total <= isize::MAX as usize - PAGE {
+        // A large block: zero only a reused dirty one (fresh pages are zero already, so
+        // a big sparse table costs no memory until it is touched).
+        let Some(_entered) = Entered::enter() else { return boot_alloc(total, MIN_ALIGN) };
+        let Some(heap) = heap() else { return ptr::null_mut() };
+        countdown(heap);
+        return heap.large.alloc_zeroed(total, MIN_ALIGN).map_or(ptr::null_mut(), NonNull::as_ptr);
+    }
     let p = malloc(total);
     if !p.is_null() {
-        // SAFETY: `p` holds at least `total` writable bytes. (Recycled objects are dirty;
-        // fresh pages would be zero already, but the cost is the same as a first touch.)
+        // SAFETY: `p` holds at least `total` writable bytes. (Size-class objects are
+        // recycled, so dirty; at most 128 KiB are cleared.)
         unsafe { p.write_bytes(0, total) };
     }
     p

@@ -114,6 +114,10 @@ use table::Table;
 /// The largest alignment served: 1 GiB.
 pub const MAX_ALIGN: usize = 1 << 30;
 
+/// From this size on, [`LargeHeap::alloc_zeroed`] zeroes a reused dirty block with
+/// `MADV_DONTNEED` instead of a memset.
+const ZERO_BY_MADVISE: usize = 4 << 20;
+
 /// Cached (freed) blocks the heap keeps at most.
 pub const CACHE_SLOTS: usize = 512;
 
@@ -614,6 +618,43 @@ impl LargeHeap {
     /// # Ok::<(), LargeError>(())
     /// ```
     pub fn alloc(&self, size: usize, align: usize) -> Result<NonNull<u8>, LargeError> {
+        self.alloc_inner(size, align).map(|(p, _, _)| p)
+    }
+
+    /// [`alloc`](Self::alloc), with the block's first `size` bytes zero: a fresh block
+    /// (never touched, or madvised when it was cached) is zero already; only a reused
+    /// dirty block is cleared, outside the heap's lock (with `MADV_DONTNEED` from 4 MiB). What `calloc` needs: no page of
+    /// a large fresh block is touched.
+    ///
+    /// ```
+    /// use scalemem::umem::large::{LargeConfig, LargeHeap};
+    ///
+    /// let heap = LargeHeap::new(LargeConfig::default())?;
+    /// let p = heap.alloc(1 << 20, 8)?;
+    /// // SAFETY: 1 MiB of writable memory.
+    /// unsafe { p.as_ptr().write_bytes(0xFF, 1 << 20) };
+    /// heap.free(p)?;
+    /// let q = heap.alloc_zeroed(1 << 20, 8)?; // the same, dirty block: cleared
+    /// // SAFETY: 1 MiB of readable memory.
+    /// assert!(unsafe { std::slice::from_raw_parts(q.as_ptr(), 1 << 20) }.iter().all(|&b| b == 0));
+    /// # Ok::<(), scalemem::umem::large::LargeError>(())
+    /// ```
+    pub fn alloc_zeroed(&self, size: usize, align: usize) -> Result<NonNull<u8>, LargeError> {
+        let (p, n, clean) = self.alloc_inner(size, align)?;
+        // From 4 MiB on, a dirty block is given back to the kernel rather than cleared:
+        // its pages read as zero and cost nothing until touched (a sparse table allocated
+        // and freed in a loop would otherwise be cleared whole each time).
+        // SAFETY: a live, page-aligned block of `n` bytes (a page multiple), ours until
+        // returned; nobody reads it before this call returns.
+        if !clean && !(n >= ZERO_BY_MADVISE && unsafe { os::dontneed(p, n) }) {
+            // SAFETY: as above; `min(n, size)` bytes are writable.
+            unsafe { p.as_ptr().write_bytes(0, n.min(size)) };
+        }
+        Ok(p)
+    }
+
+    /// `alloc`, also returning the block's usable bytes and whether they are known zero.
+    fn alloc_inner(&self, size: usize, align: usize) -> Result<(NonNull<u8>, usize, bool), LargeError> {
         let (n, align) = self.check(size, align)?;
         let now = now_ns();
         let vmem = &*self.vmem;
@@ -627,7 +668,9 @@ impl LargeHeap {
                 inner.live.insert(c.base, Live { reserved: c.reserved, usable: n, head: c.head });
                 inner.in_use += c.reserved;
                 inner.reused += 1;
-                return ptr_of(c.base).ok_or(LargeError::OutOfMemory);
+                // A madvised block reads as zero pages (MADV_DONTNEED on private
+                // anonymous memory); a dirty one holds its last user's bytes.
+                return ptr_of(c.base).map(|p| (p, n, c.madvised)).ok_or(LargeError::OutOfMemory);
             }
             let constraints = Constraints { align, ..Constraints::default() };
             let addr = match vmem.xalloc(n, &constraints) {
@@ -641,7 +684,8 @@ impl LargeHeap {
             };
             inner.live.insert(addr, Live { reserved: n, usable: n, head: n });
             inner.in_use += n;
-            ptr_of(addr).ok_or(LargeError::OutOfMemory)
+            // Every free arena segment is clean (invariant 4): never touched, or madvised.
+            ptr_of(addr).map(|p| (p, n, true)).ok_or(LargeError::OutOfMemory)
         })
     }
 
