@@ -505,7 +505,7 @@ static int run_prodcons(void)
 
 /* ---------------------------------------------------------------- footprint */
 
-static barrier_t fp_freed, fp_exit;
+static barrier_t fp_measured, fp_freed, fp_exit;
 
 typedef struct {
 	size_t nblocks;
@@ -520,6 +520,7 @@ static void *footprint_thread(void *arg)
 		memset(blk[i], (int)(i | 1), PAGE);
 	}
 	barrier_wait(&start_barrier); /* everything live: the peak */
+	barrier_wait(&fp_measured);   /* until the main thread has read VmRSS */
 	for (size_t i = 0; i < a->nblocks; i++)
 		free(blk[i]);
 	free(blk);
@@ -536,12 +537,14 @@ static int run_footprint(void)
 	pthread_t *t = xmalloc(sizeof(pthread_t) * (size_t)T);
 	long rss0 = proc_status_kib("VmRSS");
 	barrier_init(&start_barrier, (unsigned)T + 1);
+	barrier_init(&fp_measured, (unsigned)T + 1);
 	barrier_init(&fp_freed, (unsigned)T + 1);
 	barrier_init(&fp_exit, (unsigned)T + 1);
 	for (int i = 0; i < T; i++)
 		t[i] = spawn(footprint_thread, &a, opt.stack_kib << 10);
 	barrier_wait(&start_barrier);
 	long rss_live = proc_status_kib("VmRSS");
+	barrier_wait(&fp_measured);
 	barrier_wait(&fp_freed);
 	long rss_freed = proc_status_kib("VmRSS");
 	sleep_secs(opt.reclaim_secs);
