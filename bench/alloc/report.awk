@@ -53,6 +53,7 @@ function cell_text(metric, v, half, n,    s, pct) {
 		if (v != 0) {
 			pct = 100 * half / (v < 0 ? -v : v)
 			if (half == 0) s = s " ±0%"
+			else if (pct >= 10) s = s sprintf(" ±%.0f%%", pct)
 			else s = s sprintf(" ±%.2g%%", pct)
 		} else if (half != 0) s = s " ±" fmt_num(half, metric)
 	}
