@@ -37,7 +37,9 @@ while [ $# -gt 0 ]; do
 	shift
 done
 
-out="$root/${CARGO_TARGET_DIR:-target}/alloc-bench"
+target_dir=${CARGO_TARGET_DIR:-target}
+case "$target_dir" in /*) ;; *) target_dir="$root/$target_dir" ;; esac
+out="$target_dir/alloc-bench"
 mkdir -p "$out"
 raw="$out/raw.txt"
 report="$out/report.md"
@@ -103,8 +105,6 @@ metrics+=";churn:rss_start_kib,rss_after_first_wave_kib,rss_end_kib,rss_growth_a
 # ---------------------------------------------------------------- allocators
 multiarch=$(cc -print-multiarch 2>/dev/null || true)
 libdir=/usr/lib/${multiarch:-x86_64-linux-gnu}
-target_dir=${CARGO_TARGET_DIR:-target}
-case "$target_dir" in /*) ;; *) target_dir="$root/$target_dir" ;; esac
 lib_of() {
 	case "$1" in
 	glibc) echo "" ;;
