@@ -646,7 +646,8 @@ impl LargeHeap {
         // and freed in a loop would otherwise be cleared whole each time).
         // SAFETY: a live, page-aligned block of `n` bytes (a page multiple), ours until
         // returned; nobody reads it before this call returns.
-        if !clean && !(n >= ZERO_BY_MADVISE && unsafe { os::dontneed(p, n) }) {
+        let zero = clean || n >= ZERO_BY_MADVISE && unsafe { os::dontneed(p, n) };
+        if !zero {
             // SAFETY: as above; `min(n, size)` bytes are writable.
             unsafe { p.as_ptr().write_bytes(0, n.min(size)) };
         }
