@@ -428,10 +428,7 @@ pub fn group(ctx: &Ctx) -> GroupReport {
             .map(|per_threads| per_threads.into_iter().map(|reps| reps.into_iter().map(|r| r.run).collect()).collect())
             .collect();
         let table = RateTable {
-            title: format!(
-                "batch {size} B: loops (100 allocations of {size} B, touched, then 100 frees), Mops/s over all \
-                 threads; ns = per loop per thread"
-            ),
+            title: format!("batch {size} B: loops of {BLOCKS} allocations + {BLOCKS} frees, Mops/s over all threads"),
             rows: NAMES
                 .iter()
                 .zip(&runs)
@@ -466,10 +463,7 @@ pub fn group(ctx: &Ctx) -> GroupReport {
         let runs =
             ctx.measure("alloc remote", &NAMES, &pairs, |peer, threads| on_peer!(peer, remote_cell(threads, ctx.secs)));
         let table = RateTable {
-            title: format!(
-                "remote: frees of blocks another thread allocated ({MIN_REMOTE}..={MAX_REMOTE} B, T/2 \
-                 producer/consumer pairs), Mops/s over all pairs; ns = T x elapsed / frees"
-            ),
+            title: "remote: frees of blocks another thread allocated, Mops/s over all threads".to_owned(),
             rows: NAMES.iter().zip(&runs).map(|(name, runs)| model::rate_row(name, &pairs, runs, frees)).collect(),
         };
         notes.push(ratios("remote", &table));
@@ -480,10 +474,11 @@ pub fn group(ctx: &Ctx) -> GroupReport {
         title: "alloc: umem against glibc, jemalloc and mimalloc (GlobalAlloc, called directly)",
         about: format!(
             "batch: each thread allocates {BLOCKS} blocks of S bytes (touching the first byte and one byte per \
-             further 4 KiB page), then frees them; one op = one loop. remote: T/2 pairs, each a producer \
-             allocating {MIN_REMOTE}..={MAX_REMOTE}-byte blocks and passing them through a {RING}-slot SPSC ring \
-             to a consumer that frees them; one op = one free (no cell at 1 or an odd T). The plot shows the \
-             first batch table."
+             further 4 KiB page), then frees them in allocation order; one op = one loop (ns: per loop per \
+             thread). remote: T/2 pairs, each a producer allocating {MIN_REMOTE}..={MAX_REMOTE}-byte blocks and \
+             passing them through a {RING}-slot SPSC ring to a consumer that frees them; one op = one free (ns: \
+             T x elapsed / frees; no cell at 1 or an odd T). Every contender is called through its GlobalAlloc \
+             impl with 8-byte alignment. The plot shows the first batch table."
         ),
         rates,
         notes,
