@@ -3,10 +3,10 @@
 //! A cell runs `T` threads: each builds its operation on itself (`setup(index)`, not
 //! timed), runs it once (registration with a collector, first-touch of thread-locals),
 //! waits on a barrier with the coordinator, then repeats the operation in batches of
-//! [`BATCH`] until the coordinator raises the stop flag `secs` after the barrier. Every
-//! thread takes its own timestamps: on an oversubscribed machine the coordinator may be
-//! woken late, and a thread preempted at the stop flag finishes late; both only widen the
-//! span, so rates are never overstated.
+//! [`BATCH`] (or of the batch given to [`run_batched`]) until the coordinator raises the
+//! stop flag `secs` after the barrier. Every thread takes its own timestamps: on an
+//! oversubscribed machine the coordinator may be woken late, and a thread preempted at
+//! the stop flag finishes late; both only widen the span, so rates are never overstated.
 
 use std::hint::black_box;
 use std::sync::Barrier;
@@ -79,6 +79,18 @@ where
     S: Fn(usize) -> Op + Sync,
     Op: FnMut(),
 {
+    run_batched(threads, secs, BATCH, setup)
+}
+
+/// [`run`] with `batch` operations between two looks at the stop flag: 1 for an
+/// operation of microseconds or more (the allocator group's batch of 100 blocks), where
+/// 64 of them would overrun the cell.
+pub fn run_batched<S, Op>(threads: usize, secs: f64, batch: u64, setup: S) -> Run
+where
+    S: Fn(usize) -> Op + Sync,
+    Op: FnMut(),
+{
+    assert!(batch > 0, "a batch needs at least one operation");
     assert!(threads > 0, "a cell needs at least one thread");
     let stop = AtomicBool::new(false);
     let start_line = Barrier::new(threads + 1);
@@ -93,10 +105,10 @@ where
                     let start = Instant::now();
                     let mut ops = 0u64;
                     loop {
-                        for _ in 0..BATCH {
+                        for _ in 0..batch {
                             op();
                         }
-                        ops += BATCH;
+                        ops += batch;
                         // Relaxed: see StopOnDrop.
                         if stop.load(Ordering::Relaxed) {
                             break;

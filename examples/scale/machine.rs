@@ -10,8 +10,20 @@ use std::time::{SystemTime, UNIX_EPOCH};
 const CARGO_LOCK: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock"));
 
 /// The crates whose versions the report names.
-const PEERS: [&str; 8] =
-    ["crossbeam-epoch", "seize", "haphazard", "arc-swap", "parking_lot", "crossbeam-utils", "libc", "plotters"];
+const PEERS: [&str; 12] = [
+    "crossbeam-epoch",
+    "seize",
+    "haphazard",
+    "arc-swap",
+    "parking_lot",
+    "crossbeam-utils",
+    "tikv-jemallocator",
+    "tikv-jemalloc-sys",
+    "mimalloc",
+    "libmimalloc-sys",
+    "libc",
+    "plotters",
+];
 
 #[derive(Debug, Clone)]
 pub struct Machine {

@@ -21,8 +21,10 @@
 //! left.
 //!
 //! Groups: `reclaim-read`, `reclaim-update`, `stalled-garbage`, `refcount`, `rwlock`,
-//! `floors` (see each module). The allocator group waits for `umem`.
+//! `floors`, and `alloc`: umem's global allocator against glibc, jemalloc and mimalloc
+//! on batch allocation and on remote (producer/consumer) frees (see each module).
 
+mod alloc;
 mod floors;
 mod harness;
 mod json;
@@ -58,23 +60,21 @@ pub(crate) struct Config {
 /// time estimate).
 struct GroupDef {
     id: &'static str,
-    /// Cells per thread count, and cells that do not depend on the thread count.
-    cells: (usize, usize),
+    /// Cells per thread count, and cells that do not depend on the thread count, in full
+    /// mode (`true`) or quick mode.
+    cells: fn(bool) -> (usize, usize),
     run: fn(&Ctx) -> GroupReport,
 }
 
-const GROUPS: [GroupDef; 6] = [
-    GroupDef { id: "reclaim-read", cells: (reclaim::READ_PEERS, 0), run: reclaim::read_group },
-    GroupDef { id: "reclaim-update", cells: (reclaim::READ_PEERS, 0), run: reclaim::update_group },
-    GroupDef { id: "stalled-garbage", cells: (0, reclaim::STALLED_PEERS), run: reclaim::stalled_group },
-    GroupDef { id: "refcount", cells: (refcount::PEERS, 0), run: refcount::group },
-    GroupDef { id: "rwlock", cells: (2 * rwlock::PEERS, 0), run: rwlock::group },
-    GroupDef { id: "floors", cells: (floors::PEERS, 0), run: floors::group },
+const GROUPS: [GroupDef; 7] = [
+    GroupDef { id: "reclaim-read", cells: |_| (reclaim::READ_PEERS, 0), run: reclaim::read_group },
+    GroupDef { id: "reclaim-update", cells: |_| (reclaim::READ_PEERS, 0), run: reclaim::update_group },
+    GroupDef { id: "stalled-garbage", cells: |_| (0, reclaim::STALLED_PEERS), run: reclaim::stalled_group },
+    GroupDef { id: "refcount", cells: |_| (refcount::PEERS, 0), run: refcount::group },
+    GroupDef { id: "rwlock", cells: |_| (2 * rwlock::PEERS, 0), run: rwlock::group },
+    GroupDef { id: "floors", cells: |_| (floors::PEERS, 0), run: floors::group },
+    GroupDef { id: "alloc", cells: |full| (alloc::cells(full), 0), run: alloc::group },
 ];
-
-/// The line printed (and reported) for the group that is not there yet.
-pub(crate) const ALLOCATOR_PENDING: &str =
-    "alloc: pending: the allocator group waits for umem, which is not built yet; nothing is measured";
 
 /// Seconds a cell costs beyond its run time (thread start, setup), for the estimate.
 const CELL_OVERHEAD: f64 = 0.01;
@@ -91,7 +91,8 @@ OPTIONS:
   --secs F           seconds per cell (overrides the mode's)
   --reps N           repetitions per cell, at least 1 (overrides the mode's)
   --only GROUP       run only these groups; repeatable or a comma list; groups:
-                     reclaim-read, reclaim-update, stalled-garbage, refcount, rwlock, floors
+                     reclaim-read, reclaim-update, stalled-garbage, refcount, rwlock, floors,
+                     alloc
   --out DIR          where the report goes (default: target/scale-report in the crate)
   --help             this text
 
@@ -211,6 +212,8 @@ impl Progress {
 
 /// What the groups get: the configuration, and the progress line.
 pub(crate) struct Ctx {
+    /// Full mode (the alloc group measures more block sizes).
+    pub(crate) full: bool,
     pub(crate) threads: Vec<usize>,
     pub(crate) secs: f64,
     pub(crate) reps: usize,
@@ -285,6 +288,7 @@ fn main() {
         GROUPS.iter().filter(|g| config.only.is_empty() || config.only.iter().any(|o| o == g.id)).collect();
 
     let ctx = Ctx {
+        full: config.full,
         threads: config.threads.clone(),
         secs: config.secs,
         reps: config.reps,
@@ -300,7 +304,10 @@ fn main() {
     let cell_cost = (config.secs + CELL_OVERHEAD) * config.reps as f64;
     ctx.progress.borrow_mut().planned = selected
         .iter()
-        .map(|g| (g.cells.0 * config.threads.len() + g.cells.1) as f64 * cell_cost + 2.0 * ctx.probe_cost())
+        .map(|g| {
+            let (per_threads, fixed) = (g.cells)(config.full);
+            (per_threads * config.threads.len() + fixed) as f64 * cell_cost + 2.0 * ctx.probe_cost()
+        })
         .sum();
 
     let machine = machine::Machine::describe();
@@ -320,7 +327,6 @@ fn main() {
         groups.push(group);
     }
     ctx.progress.borrow_mut().clear();
-    println!("{ALLOCATOR_PENDING}\n");
     let elapsed = started.elapsed().as_secs_f64();
 
     match report::write_all(&config, &machine, &groups, elapsed) {

@@ -45,14 +45,18 @@ fn tag_series(svg: String) -> String {
     svg.replace(&width, &format!(" class=\"series\"{width}"))
 }
 
-/// An axis label: 2.5, 40, 1.2k, 3M.
+/// An axis label: 0.0025, 2.5, 40, 1.2k, 3M.
 fn compact(y: f64) -> String {
     let trim = |s: String| if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.').to_owned() } else { s };
     match y.abs() {
         a if a >= 1e6 => format!("{}M", trim(format!("{:.1}", y / 1e6))),
         a if a >= 1e3 => format!("{}k", trim(format!("{:.1}", y / 1e3))),
         a if a >= 1.0 || a == 0.0 => trim(format!("{y:.1}")),
-        _ => trim(format!("{y:.3}")),
+        a => {
+            // Three significant figures (the alloc group's rates go down to thousandths).
+            let decimals = (2 - a.log10().floor() as i32).clamp(3, 9) as usize;
+            trim(format!("{y:.decimals$}"))
+        }
     }
 }
 

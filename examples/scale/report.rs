@@ -4,11 +4,11 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
+use crate::Config;
 use crate::harness::{Measure, Probe};
 use crate::json::Json;
 use crate::machine::Machine;
 use crate::model::{GroupReport, LatencyRow, RateCell, RateTable, StalledRow};
-use crate::{ALLOCATOR_PENDING, Config};
 
 /// The marker of a cell whose threads were not all running at once.
 pub const MARK: &str = "†";
@@ -47,14 +47,20 @@ fn mode(config: &Config) -> String {
     )
 }
 
-/// A rate with three significant figures or so.
+/// A rate with three significant figures or so (small rates too: the allocator group's
+/// loops of 64 KiB blocks run at thousandths of a million per second).
 pub fn fmt_num(x: f64) -> String {
     match x {
         x if !x.is_finite() => "-".to_owned(),
         x if x >= 100.0 => format!("{x:.0}"),
         x if x >= 10.0 => format!("{x:.1}"),
         x if x >= 1.0 => format!("{x:.2}"),
-        x => format!("{x:.3}"),
+        x if x <= 0.0 => format!("{x:.3}"),
+        x => {
+            // Three significant figures, at most 9 decimals.
+            let decimals = (2 - x.log10().floor() as i32).clamp(3, 9) as usize;
+            format!("{x:.decimals$}")
+        }
     }
 }
 
@@ -384,7 +390,6 @@ fn html(config: &Config, machine: &Machine, groups: &[GroupReport], elapsed: f64
     for group in groups {
         html_group(&mut s, group);
     }
-    let _ = writeln!(s, "<section id=\"group-alloc\"><h2>alloc</h2><p>{}</p></section>", escape(ALLOCATOR_PENDING));
     s.push_str(RENDER_CHECK);
     s.push_str("\n</body></html>\n");
     s
@@ -519,7 +524,6 @@ fn results_json(config: &Config, machine: &Machine, groups: &[GroupReport], elap
         ("crates", Json::obj(machine.crates.iter().map(|(k, v)| (k.as_str(), Json::str(v))))),
         ("legend", Json::str(LEGEND)),
         ("groups", Json::Arr(groups.iter().map(group_json).collect())),
-        ("pending", Json::Arr(vec![Json::str(ALLOCATOR_PENDING)])),
     ]);
     let mut out = String::new();
     json.write(&mut out, 0);
@@ -536,7 +540,6 @@ pub fn write_all(config: &Config, machine: &Machine, groups: &[GroupReport], ela
         tables.push_str(&markdown_group(group));
         std::fs::write(config.out.join(format!("{}.svg", group.id)), &group.svg)?;
     }
-    let _ = writeln!(tables, "\n{ALLOCATOR_PENDING}");
     std::fs::write(config.out.join("tables.md"), tables)?;
     std::fs::write(config.out.join("results.json"), results_json(config, machine, groups, elapsed))?;
     let index = config.out.join("index.html");
