@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 
 out=target/scale-report-ci
 # group id and how many implementations its plot has a line for
-groups=(reclaim-read:7 reclaim-update:7 stalled-garbage:5 refcount:6 rwlock:4 floors:4 alloc:4)
+groups=(reclaim-read:7 reclaim-update:7 stalled-garbage:5 refcount:6 rwlock:4 floors:4 alloc:5)
 
 if ! command -v chromium >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -9,7 +9,9 @@
 //!   bytes in quick mode; 256, 1024, 4096, 16384 and 65536 with `--full`. The minor page
 //!   faults of the whole process over the cell (`getrusage`, thread start-up included:
 //!   a few pages per thread beside thousands of allocations) divided by the allocations
-//!   go into a note.
+//!   go into a note. Beside the four allocators, umem's Rust API runs this workload too:
+//!   an `ObjectCache` of S-byte objects (no constructor), called through a small
+//!   `GlobalAlloc` adapter (`CacheAlloc`).
 //! - `remote` (workload 2): T/2 producer/consumer pairs. The producer allocates blocks of
 //!   64..=4096 bytes (sizes from a xorshift), writes each block's size into its first
 //!   word and passes the pointer through a bounded single-producer single-consumer ring
@@ -32,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 use scalemem::Umem;
+use scalemem::umem::ObjectCache;
 
 use crate::Ctx;
 use crate::harness::{self, Measure, Run, StopOnDrop, ThreadRun};
@@ -45,6 +48,31 @@ const NAMES: [&str; 2] = ["scalemem Umem", "glibc (System)"];
 
 pub const PEERS: usize = NAMES.len();
 
+/// The batch workload's contenders: [`NAMES`] with umem's object cache second.
+#[cfg(not(any(scalemem_asan, scalemem_loom)))]
+const BATCH_NAMES: [&str; 5] = ["scalemem Umem", "scalemem ObjectCache", "glibc (System)", "jemalloc", "mimalloc"];
+#[cfg(any(scalemem_asan, scalemem_loom))]
+const BATCH_NAMES: [&str; 3] = ["scalemem Umem", "scalemem ObjectCache", "glibc (System)"];
+
+/// umem's Rust API as a batch contender: an [`ObjectCache`] of the cell's block size;
+/// the layout is the cell's (the cache's size), so it is not looked at.
+struct CacheAlloc(ObjectCache);
+
+// SAFETY: `alloc` returns null or an object of the cache (`size` bytes, aligned to
+// ALIGN: the layout every batch cell uses); `dealloc` gives it back once.
+unsafe impl GlobalAlloc for CacheAlloc {
+    unsafe fn alloc(&self, _: Layout) -> *mut u8 {
+        self.0.alloc().map_or(std::ptr::null_mut(), std::ptr::NonNull::as_ptr)
+    }
+
+    unsafe fn dealloc(&self, block: *mut u8, _: Layout) {
+        // SAFETY: `block` came from `alloc` (not null: the cell stops on null) and is
+        // freed once; the cache has no constructor, so any bytes are an object.
+        let freed = unsafe { self.0.free(std::ptr::NonNull::new_unchecked(block)) };
+        assert!(freed.is_ok(), "the object cache refused its own object");
+    }
+}
+
 /// Block sizes of the batch workload.
 const SIZES_QUICK: [usize; 3] = [256, 4096, 65536];
 const SIZES_FULL: [usize; 5] = [256, 1024, 4096, 16384, 65536];
@@ -52,7 +80,7 @@ const SIZES_FULL: [usize; 5] = [256, 1024, 4096, 16384, 65536];
 /// Cells per thread count, for the runner's time estimate: one batch table per size and
 /// the remote table.
 pub fn cells(full: bool) -> usize {
-    PEERS * (if full { SIZES_FULL.len() } else { SIZES_QUICK.len() } + 1)
+    BATCH_NAMES.len() * if full { SIZES_FULL.len() } else { SIZES_QUICK.len() } + PEERS
 }
 
 /// Blocks per batch loop.
@@ -394,6 +422,7 @@ fn ratios(label: &str, table: &RateTable) -> String {
     let Some((umem, peers)) = table.rows.split_first() else { return String::new() };
     let clauses: Vec<String> = peers
         .iter()
+        .filter(|peer| !peer.name.starts_with("scalemem"))
         .map(|peer| {
             let at: Vec<String> = umem
                 .cells
@@ -414,8 +443,15 @@ pub fn group(ctx: &Ctx) -> GroupReport {
     let mut rates = Vec::new();
     let mut notes = Vec::new();
     for &size in sizes {
-        let reps = ctx.measure(&format!("alloc batch {size} B"), &NAMES, &ctx.threads, |peer, threads| {
-            on_peer!(peer, batch_cell(threads, ctx.secs, size))
+        let reps = ctx.measure(&format!("alloc batch {size} B"), &BATCH_NAMES, &ctx.threads, |peer, threads| {
+            match peer {
+                0 => batch_cell(&Umem::new(), threads, ctx.secs, size),
+                1 => {
+                    let cache = ObjectCache::new("scale-batch", size, ALIGN, None, None).expect("an object cache");
+                    batch_cell(&CacheAlloc(cache), threads, ctx.secs, size)
+                }
+                other => on_peer!(other - 1, batch_cell(threads, ctx.secs, size)),
+            }
         });
         let faults: Vec<Vec<Measure>> = reps
             .iter()
@@ -429,14 +465,14 @@ pub fn group(ctx: &Ctx) -> GroupReport {
             .collect();
         let table = RateTable {
             title: format!("batch {size} B: loops of {BLOCKS} allocations + {BLOCKS} frees, Mops/s over all threads"),
-            rows: NAMES
+            rows: BATCH_NAMES
                 .iter()
                 .zip(&runs)
                 .map(|(name, runs)| model::rate_row(name, &ctx.threads, runs, model::whole))
                 .collect(),
         };
         notes.push(ratios(&format!("batch {size} B"), &table));
-        let faults: Vec<String> = NAMES
+        let faults: Vec<String> = BATCH_NAMES
             .iter()
             .zip(&faults)
             .map(|(name, per_threads)| {
@@ -471,7 +507,7 @@ pub fn group(ctx: &Ctx) -> GroupReport {
     }
     GroupReport {
         id: "alloc",
-        title: "alloc: umem against glibc, jemalloc and mimalloc (GlobalAlloc, called directly)",
+        title: "alloc: umem (GlobalAlloc and ObjectCache) against glibc, jemalloc and mimalloc (called directly)",
         about: format!(
             "batch: each thread allocates {BLOCKS} blocks of S bytes (touching the first byte and one byte per \
              further 4 KiB page), then frees them in allocation order; one op = one loop (ns: per loop per \
