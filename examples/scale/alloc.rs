@@ -9,15 +9,17 @@
 //!   bytes in quick mode; 256, 1024, 4096, 16384 and 65536 with `--full`. The minor page
 //!   faults of the whole process over the cell (`getrusage`, thread start-up included:
 //!   a few pages per thread beside thousands of allocations) divided by the allocations
-//!   go into a note. Beside the four allocators, umem's Rust API runs this workload too:
-//!   an `ObjectCache` of S-byte objects (no constructor), called through a small
-//!   `GlobalAlloc` adapter (`CacheAlloc`).
+//!   go into a note.
 //! - `remote` (workload 2): T/2 producer/consumer pairs. The producer allocates blocks of
 //!   64..=4096 bytes (sizes from a xorshift), writes each block's size into its first
 //!   word and passes the pointer through a bounded single-producer single-consumer ring
 //!   of [`RING`] slots (atomics only, nothing allocated per message); the consumer reads
 //!   the size and frees the block, so every free is a remote one. One op = one free.
 //!   Pairs need an even thread count: 1 and odd counts have no cell.
+//!
+//! Beside the four allocators, umem's Rust API runs both workloads: an `ObjectCache`
+//! (no constructor) of S-byte objects for a batch cell and of 4096-byte objects for a
+//! remote one, called through a small `GlobalAlloc` adapter (`CacheAlloc`).
 //!
 //! Blocks are 8-byte aligned (a `Box<[u64]>`'s layout). A failed allocation ends the run
 //! through `handle_alloc_error`. jemalloc and mimalloc are not built under
@@ -40,26 +42,20 @@ use crate::Ctx;
 use crate::harness::{self, Measure, Run, StopOnDrop, ThreadRun};
 use crate::model::{self, GroupReport, RateTable};
 
-/// The contenders, in row order; umem first (the ratios divide by the others).
+/// The contenders, in row order; umem's global allocator first (the ratios divide by the
+/// peers), its object cache second (an `ObjectCache` of S bytes for a batch cell, of the
+/// largest remote size for a remote one), then the peers in [`on_peer!`]'s order.
 #[cfg(not(any(scalemem_asan, scalemem_loom)))]
-const NAMES: [&str; 4] = ["scalemem Umem", "glibc (System)", "jemalloc", "mimalloc"];
+const CONTENDERS: [&str; 5] = ["scalemem Umem", "scalemem ObjectCache", "glibc (System)", "jemalloc", "mimalloc"];
 #[cfg(any(scalemem_asan, scalemem_loom))]
-const NAMES: [&str; 2] = ["scalemem Umem", "glibc (System)"];
+const CONTENDERS: [&str; 3] = ["scalemem Umem", "scalemem ObjectCache", "glibc (System)"];
 
-pub const PEERS: usize = NAMES.len();
-
-/// The batch workload's contenders: [`NAMES`] with umem's object cache second.
-#[cfg(not(any(scalemem_asan, scalemem_loom)))]
-const BATCH_NAMES: [&str; 5] = ["scalemem Umem", "scalemem ObjectCache", "glibc (System)", "jemalloc", "mimalloc"];
-#[cfg(any(scalemem_asan, scalemem_loom))]
-const BATCH_NAMES: [&str; 3] = ["scalemem Umem", "scalemem ObjectCache", "glibc (System)"];
-
-/// umem's Rust API as a batch contender: an [`ObjectCache`] of the cell's block size;
-/// the layout is the cell's (the cache's size), so it is not looked at.
+/// umem's Rust API as a contender: an [`ObjectCache`] whose objects are at least as large
+/// as every block the cell asks for, so the layout is not looked at.
 struct CacheAlloc(ObjectCache);
 
-// SAFETY: `alloc` returns null or an object of the cache (`size` bytes, aligned to
-// ALIGN: the layout every batch cell uses); `dealloc` gives it back once.
+// SAFETY: `alloc` returns null or an object of the cache (at least the layout's size,
+// aligned to ALIGN, the alignment of every layout here); `dealloc` gives it back once.
 unsafe impl GlobalAlloc for CacheAlloc {
     unsafe fn alloc(&self, _: Layout) -> *mut u8 {
         self.0.alloc().map_or(std::ptr::null_mut(), std::ptr::NonNull::as_ptr)
@@ -80,7 +76,7 @@ const SIZES_FULL: [usize; 5] = [256, 1024, 4096, 16384, 65536];
 /// Cells per thread count, for the runner's time estimate: one batch table per size and
 /// the remote table.
 pub fn cells(full: bool) -> usize {
-    BATCH_NAMES.len() * if full { SIZES_FULL.len() } else { SIZES_QUICK.len() } + PEERS
+    CONTENDERS.len() * (if full { SIZES_FULL.len() } else { SIZES_QUICK.len() } + 1)
 }
 
 /// Blocks per batch loop.
@@ -95,7 +91,8 @@ const ALIGN: usize = 8;
 /// The page the batch workload touches one byte of.
 const PAGE: usize = 4096;
 
-/// Runs `$f(&allocator, args...)` for the contender with index `$peer` of [`NAMES`].
+/// Runs `$f(&allocator, args...)` for peer `$peer`: 0 `Umem`, then glibc, jemalloc and
+/// mimalloc ([`CONTENDERS`] without the object cache).
 macro_rules! on_peer {
     ($peer:expr, $f:ident($($arg:expr),*)) => {
         match $peer {
@@ -443,16 +440,15 @@ pub fn group(ctx: &Ctx) -> GroupReport {
     let mut rates = Vec::new();
     let mut notes = Vec::new();
     for &size in sizes {
-        let reps = ctx.measure(&format!("alloc batch {size} B"), &BATCH_NAMES, &ctx.threads, |peer, threads| {
-            match peer {
+        let reps =
+            ctx.measure(&format!("alloc batch {size} B"), &CONTENDERS, &ctx.threads, |peer, threads| match peer {
                 0 => batch_cell(&Umem::new(), threads, ctx.secs, size),
                 1 => {
                     let cache = ObjectCache::new("scale-batch", size, ALIGN, None, None).expect("an object cache");
                     batch_cell(&CacheAlloc(cache), threads, ctx.secs, size)
                 }
                 other => on_peer!(other - 1, batch_cell(threads, ctx.secs, size)),
-            }
-        });
+            });
         let faults: Vec<Vec<Measure>> = reps
             .iter()
             .map(|per_threads| {
@@ -465,14 +461,14 @@ pub fn group(ctx: &Ctx) -> GroupReport {
             .collect();
         let table = RateTable {
             title: format!("batch {size} B: loops of {BLOCKS} allocations + {BLOCKS} frees, Mops/s over all threads"),
-            rows: BATCH_NAMES
+            rows: CONTENDERS
                 .iter()
                 .zip(&runs)
                 .map(|(name, runs)| model::rate_row(name, &ctx.threads, runs, model::whole))
                 .collect(),
         };
         notes.push(ratios(&format!("batch {size} B"), &table));
-        let faults: Vec<String> = BATCH_NAMES
+        let faults: Vec<String> = CONTENDERS
             .iter()
             .zip(&faults)
             .map(|(name, per_threads)| {
@@ -496,11 +492,17 @@ pub fn group(ctx: &Ctx) -> GroupReport {
     if pairs.is_empty() {
         notes.push("remote: no even thread count in this run, so no producer/consumer pairs; not measured".to_owned());
     } else {
-        let runs =
-            ctx.measure("alloc remote", &NAMES, &pairs, |peer, threads| on_peer!(peer, remote_cell(threads, ctx.secs)));
+        let runs = ctx.measure("alloc remote", &CONTENDERS, &pairs, |peer, threads| match peer {
+            0 => remote_cell(&Umem::new(), threads, ctx.secs),
+            1 => {
+                let cache = ObjectCache::new("scale-remote", MAX_REMOTE, ALIGN, None, None).expect("an object cache");
+                remote_cell(&CacheAlloc(cache), threads, ctx.secs)
+            }
+            other => on_peer!(other - 1, remote_cell(threads, ctx.secs)),
+        });
         let table = RateTable {
             title: "remote: frees of blocks another thread allocated, Mops/s over all threads".to_owned(),
-            rows: NAMES.iter().zip(&runs).map(|(name, runs)| model::rate_row(name, &pairs, runs, frees)).collect(),
+            rows: CONTENDERS.iter().zip(&runs).map(|(name, runs)| model::rate_row(name, &pairs, runs, frees)).collect(),
         };
         notes.push(ratios("remote", &table));
         rates.push(table);
