@@ -44,22 +44,23 @@
 //! regions' Refcache domain or the `fork` handlers' registration uses `Box`, `Arc` and
 //! glibc functions that call `malloc` — which is this allocator. Each thread therefore
 //! carries a **guard** flag (a `const` thread-local: no registration, usable from
-//! thread-local destructors), set for the duration of every slow path (anything past a pop from or a
-//! push into the CPU's loaded magazine: that one rseq section calls nothing, so it
-//! needs no guard and is safe re-entrantly). A
-//! request that finds it set is re-entrant and is served from the **bootstrap arena**:
-//! a bump allocator over one lazily mapped 32 MiB range, whose blocks are never reused
-//! (a free of one is ignored; a `realloc` copies out). Only set-up allocations, a few
-//! KiB in all, land there. A thread that finds the heap being made by another thread
-//! waits for it.
+//! thread-local destructors), set for the duration of every slow path: anything past a
+//! pop from or a push into the CPU's loaded magazine (that one rseq section calls
+//! nothing, so it needs no guard and is safe re-entrantly). A request that finds the
+//! guard set is re-entrant and is served from the **bootstrap arena**: a bump allocator
+//! over one lazily mapped 32 MiB range, whose blocks are never reused (a free of one is
+//! ignored; a `realloc` copies out). Only set-up allocations land there (about 100 KiB
+//! in the tests). A thread that finds the heap being made by another thread waits for
+//! it.
 //!
 //! # Giving memory back
 //!
 //! Size-class caches run without the background reaper thread (a thread started from
 //! inside `malloc` is a hazard: before `main`, under glibc's loader lock, across
 //! `fork`). Their maintenance is piggy-backed instead: every 64th slow path (a
-//! magazine miss or a large request, allocation or free) on a thread looks at the clock, and when an interval has passed one thread (try-lock)
-//! ticks the regions' Refcache (every 10 ms: a region goes back two epochs after its
+//! magazine miss or a large request, allocation or free) on a thread looks at the
+//! clock, and when an interval has passed one thread (try-lock) ticks the regions'
+//! Refcache (every 10 ms: a region goes back two epochs after its
 //! last slab) and runs each cache's working-set update (every second: idle magazines
 //! reaped, a cache without slab traffic for ten intervals drained). The large heap
 //! decays on its own calls. A program that stops calling the allocator keeps its
@@ -73,8 +74,10 @@
 //! lock of the heap (set-up, maintenance, each cache's reconfiguration and slab locks,
 //! the regions', the large heap's), so no structure is half changed when the process
 //! is copied; the parent and the child release them. The child can allocate at once.
-//! What a vanished thread had in flight outside any lock (a magazine popped from the
-//! depot, an epoch pin) is lost to the child: memory, never consistency.
+//! A magazine pop or push in flight on another thread is one rseq section whose only
+//! store is its commit, so the child sees it done or not at all. What a
+//! vanished thread had in flight outside any lock (a magazine popped from the depot,
+//! an epoch pin) is lost to the child: memory, never consistency.
 //!
 //! # Invariants
 //!
