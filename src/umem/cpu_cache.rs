@@ -803,17 +803,36 @@ impl CpuCaches {
     }
 
     /// Takes the reconfiguration mutex without a scope, for `fork`: no drain or resize
-    /// is then half done when the process is copied.
+    /// is then half done when the process is copied. In locked mode it also takes every
+    /// slot's lock, so that no slot is copied locked by a thread the child will not
+    /// have (its first reconfiguration would wait for it forever). In rseq mode a slot
+    /// operation is one section, never half done in the copy.
     pub(crate) fn fork_lock(&self) {
         let backoff = Backoff::new();
         // Acquire: as in `reconfigure`.
         while self.reconfig.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
             backoff.snooze();
         }
+        if self.mode == Mode::Locked {
+            for slot in self.slots.iter() {
+                let backoff = Backoff::new();
+                // Acquire: pairs with the fast paths' Release unlocks (as in `stop_all`).
+                while slot.stop.compare_exchange_weak(FREE, LOCKED, Ordering::Acquire, Ordering::Relaxed).is_err() {
+                    backoff.snooze();
+                }
+            }
+        }
     }
 
     /// Releases what [`fork_lock`](Self::fork_lock) took (in the parent and the child).
     pub(crate) fn fork_unlock(&self) {
+        if self.mode == Mode::Locked {
+            for slot in self.slots.iter() {
+                // Release: publishes nothing new (the slot was only held), pairs with the
+                // next holder's Acquire.
+                slot.stop.store(FREE, Ordering::Release);
+            }
+        }
         // Release: pairs with the Acquire of the next reconfigurer.
         self.reconfig.store(false, Ordering::Release);
     }
