@@ -260,6 +260,15 @@ fn thread_local_destructors_allocate() {
 fn fork_while_threads_allocate() {
     let _serial = serial();
     let stop = Arc::new(AtomicBool::new(false));
+    // Stops the workers however this test ends (a failed assertion included), so that
+    // they do not keep allocating under the tests that run after it.
+    struct StopOnDrop(Arc<AtomicBool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let _stop_workers = StopOnDrop(Arc::clone(&stop));
     let start = Arc::new(Barrier::new(9));
     let workers: Vec<_> = (0..8)
         .map(|t| {

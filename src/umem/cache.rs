@@ -347,6 +347,8 @@ pub struct CacheBuilder {
     dtor: Option<Dtor>,
     config: Config,
     regions: Option<&'static Regions>,
+    /// Whether the cache joins the registry (`global_stats`, the background reaper).
+    registered: bool,
 }
 
 impl fmt::Debug for CacheBuilder {
@@ -386,10 +388,20 @@ impl CacheBuilder {
         self
     }
 
+    /// Keeps the cache out of the registry of live caches (so out of
+    /// [`global_stats`] and the background reaper, and away from the registry's lock):
+    /// the global allocator's size classes, which it maintains and counts itself, and
+    /// which its `fork` handlers must be able to use in a child whatever lock another
+    /// thread held.
+    pub(crate) fn unregistered(mut self) -> Self {
+        self.registered = false;
+        self
+    }
+
     /// Makes the cache. Fails for a size of zero or above [`MAX_SIZE`], an alignment
     /// that is not a power of two or is above [`PAGE`], or if the kernel refuses memory.
     pub fn build(self) -> Result<ObjectCache, CacheError> {
-        let Self { name, size, align, ctor, dtor, config, regions } = self;
+        let Self { name, size, align, ctor, dtor, config, regions, registered } = self;
         if size == 0 || size > MAX_SIZE || !align.is_power_of_two() || align > PAGE {
             return Err(CacheError::OutOfMemory);
         }
@@ -431,7 +443,9 @@ impl CacheBuilder {
             decay: AtomicUsize::new(0),
         });
         let cache = ObjectCache { inner: NonNull::from(Box::leak(inner)) };
-        registry::add(cache.inner, config.reaper);
+        if registered {
+            registry::add(cache.inner, config.reaper);
+        }
         Ok(cache)
     }
 }
@@ -513,7 +527,16 @@ impl ObjectCache {
 
     /// A builder, for the options [`new`](Self::new) does not take.
     pub fn builder(name: &'static str, size: usize, align: usize) -> CacheBuilder {
-        CacheBuilder { name, size, align, ctor: None, dtor: None, config: Config::default(), regions: None }
+        CacheBuilder {
+            name,
+            size,
+            align,
+            ctor: None,
+            dtor: None,
+            config: Config::default(),
+            regions: None,
+            registered: true,
+        }
     }
 
     fn inner(&self) -> &Inner {

@@ -71,8 +71,9 @@
 //! # `fork`
 //!
 //! The heap registers `pthread_atfork` handlers when it is made. `prepare` takes every
-//! lock of the heap (set-up, maintenance, each cache's reconfiguration and slab locks,
-//! the regions', the large heap's), so no structure is half changed when the process
+//! lock of the heap (set-up, maintenance, each cache's reconfiguration and slab locks
+//! and, in locked mode, its per-CPU slot locks, the regions', the large heap's, the
+//! magazine pool's), so no structure is half changed when the process
 //! is copied; the parent and the child release them. The child can allocate at once.
 //! A magazine pop or push in flight on another thread is one rseq section whose only
 //! store is its commit, so the child sees it done or not at all. What a
@@ -444,7 +445,9 @@ impl Heap {
             let size = class_size(class);
             let align = super::sizeclass::class_align(class);
             let config = Config { reaper: false, magazines: magazine_config(size), ..Config::default() };
-            if let Ok(cache) = ObjectCache::builder(NAME, size, align).regions(&self.regions).config(config).build() {
+            if let Ok(cache) =
+                ObjectCache::builder(NAME, size, align).regions(&self.regions).config(config).unregistered().build()
+            {
                 // The box comes from the bootstrap arena (the guard is set): never freed.
                 c = Box::into_raw(Box::new(cache));
                 // Release: pairs with the Acquire loads in `cache`.
@@ -940,11 +943,15 @@ extern "C" fn fork_prepare() {
         }
         heap.regions.fork_lock();
         heap.large.fork_lock();
+        // Last: magazines are made and freed outside every lock above, and nothing is
+        // taken while the pool's lock is held.
+        super::magazine::fork_lock();
     }
 }
 
 fn fork_release() {
     if let Some(heap) = heap_if_made() {
+        super::magazine::fork_unlock();
         // SAFETY: `fork_prepare` took these locks before the fork, on this thread (in
         // the child: the thread that forked), and nobody released them since.
         unsafe {

@@ -150,6 +150,17 @@ pub(crate) fn trim() -> usize {
     pool::trim()
 }
 
+/// Holds the magazine pool's lock across `fork` (see `umem::global`): magazines are made
+/// and freed outside every other lock, so a thread of the parent may hold it.
+pub(crate) fn fork_lock() {
+    pool::fork_lock();
+}
+
+/// Releases what [`fork_lock`] took, in the parent and in the child.
+pub(crate) fn fork_unlock() {
+    pool::fork_unlock();
+}
+
 /// The reclaim function of retired magazines.
 ///
 /// # Safety
@@ -337,6 +348,22 @@ mod pool {
         });
     }
 
+    /// Takes the pool's lock without a scope, for `fork` (the global allocator's prepare
+    /// handler takes it last: nothing is taken while it is held).
+    pub(crate) fn fork_lock() {
+        let backoff = Backoff::new();
+        // Acquire: as in `with_lock`.
+        while POOL.lock.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            backoff.snooze();
+        }
+    }
+
+    /// Releases what [`fork_lock`] took (in the parent and in the child).
+    pub(crate) fn fork_unlock() {
+        // Release: as in `with_lock`.
+        POOL.lock.store(false, Ordering::Release);
+    }
+
     /// Gives back to the kernel (`MADV_DONTNEED`) every page whose blocks are all free,
     /// if enough frees happened since the last trim; the blocks stay in their stacks (a
     /// reuse faults in a zero page, and every magazine is initialised when made).
@@ -460,6 +487,12 @@ mod pool {
     pub(crate) fn trim() -> usize {
         0
     }
+
+    /// No lock to hold under loom.
+    pub(crate) fn fork_lock() {}
+
+    /// No lock to release under loom.
+    pub(crate) fn fork_unlock() {}
 }
 
 /// Loads a magazine's `next` link.
