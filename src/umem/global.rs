@@ -91,7 +91,7 @@
 use core::alloc::{GlobalAlloc, Layout};
 use core::cell::Cell;
 use core::ptr::{self, NonNull};
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use super::cache::{Config, ObjectCache};
 use super::large::{self, LargeConfig, LargeHeap};
@@ -321,11 +321,6 @@ impl SpinLock {
 
 /// The heap once made (null before, or if making it failed).
 static HEAP: AtomicPtr<Heap> = AtomicPtr::new(ptr::null_mut());
-/// Making the heap: `UNMADE`, `MAKING` (by the holder of `INIT`), `MADE`, `FAILED`.
-static STATE: AtomicU8 = AtomicU8::new(UNMADE);
-const UNMADE: u8 = 0;
-const MADE: u8 = 2;
-const FAILED: u8 = 3;
 /// Serialises making the heap (and is held across `fork`, so a child never inherits a
 /// half-made heap).
 static INIT: SpinLock = SpinLock::new();
@@ -352,15 +347,13 @@ fn make_heap() -> Option<&'static Heap> {
     let result = if !h.is_null() {
         // SAFETY: as in `heap`.
         Some(unsafe { &*h })
-    } else if STATE.load(Ordering::Relaxed) == FAILED {
-        None
     } else {
-        let made = build_heap();
-        match made {
+        // A refusal is not remembered: the next request tries again, so allocation
+        // works once the kernel gives memory.
+        match build_heap() {
             Some(heap) => {
                 // Release: pairs with the Acquire loads in `heap`.
                 HEAP.store(heap.cast_mut(), Ordering::Release);
-                STATE.store(MADE, Ordering::Relaxed);
                 // SAFETY: just initialised and published; never unmapped.
                 let heap = unsafe { &*heap };
                 // glibc's `__register_atfork` allocates: the guard sends it to the
@@ -369,10 +362,7 @@ fn make_heap() -> Option<&'static Heap> {
                 unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
                 Some(heap)
             }
-            None => {
-                STATE.store(FAILED, Ordering::Relaxed);
-                None
-            }
+            None => None,
         }
     };
     INIT.unlock();
@@ -928,6 +918,29 @@ pub fn stats() -> UmemStats {
     }
     stats.in_use += large.in_use;
     stats
+}
+
+/// Checks the heap's invariants (each size class's cache, the regions, the large heap)
+/// and panics with the first one broken. For tests: call it while no other thread uses
+/// the heap (a magazine operation in flight would look inconsistent).
+///
+/// ```
+/// use scalemem::umem::global::{assert_valid, free, malloc};
+/// let p = malloc(100);
+/// assert_valid();
+/// // SAFETY: from `malloc`, freed once.
+/// unsafe { free(p) };
+/// assert_valid();
+/// ```
+pub fn assert_valid() {
+    let Some(heap) = heap_if_made() else { return };
+    // What a panic message allocates goes to the bootstrap arena.
+    let _entered = Entered::enter();
+    for cache in heap.made() {
+        cache.assert_valid();
+    }
+    heap.regions.assert_valid();
+    heap.large.assert_valid();
 }
 
 // ---------------------------------------------------------------------------------------

@@ -283,7 +283,8 @@ mod pool {
             // Map a chunk outside the lock; a racing thread may map one too, and the
             // loser's chunk simply replaces the winner's remaining range (that tail, at
             // most one chunk per race, is never used: a bounded waste).
-            let chunk = crate::os::map(CHUNK).ok()?;
+            // Through umem's OS layer, so fault injection reaches magazines too.
+            let chunk = super::super::os::map(CHUNK).ok()?;
             let base = chunk.as_ptr().expose_provenance();
             if base + CHUNK > 1 << 48 {
                 return None;

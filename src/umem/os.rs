@@ -32,7 +32,7 @@ use crate::util::AllocError;
 #[cfg(not(scalemem_loom))]
 #[inline]
 fn may_map() -> bool {
-    testing::MAPS_LEFT.with(|left| {
+    let counted = testing::MAPS_LEFT.with(|left| {
         let n = left.get();
         if n == usize::MAX {
             true
@@ -42,7 +42,8 @@ fn may_map() -> bool {
             left.set(n - 1);
             true
         }
-    })
+    });
+    counted && testing::random_map_allowed()
 }
 
 #[cfg(scalemem_loom)]
@@ -136,5 +137,50 @@ pub mod testing {
     /// ```
     pub fn allow_maps() {
         MAPS_LEFT.with(|left| left.set(usize::MAX));
+        RANDOM.with(|r| r.set((0, 0)));
+    }
+
+    crate::sync::thread_local! {
+        /// Random refusals: (xorshift state, one map in how many fails); 0: off.
+        static RANDOM: Cell<(u64, u32)> = const { Cell::new((0, 0)) };
+    }
+
+    /// From now on, each of this thread's maps through `umem::os` fails with probability
+    /// `1 / one_in` (a seeded xorshift sequence, so a failing run can be replayed), until
+    /// [`allow_maps`]. Combines with [`fail_maps_after`]: a map must pass both.
+    ///
+    /// ```
+    /// use scalemem::umem::global::{free, malloc};
+    /// use scalemem::umem::os::testing;
+    ///
+    /// testing::fail_maps_randomly(42, 2);
+    /// let blocks: Vec<*mut u8> = (0..64).map(|_| malloc(1 << 20)).collect();
+    /// testing::allow_maps();
+    /// // Some were refused (null), the rest are usable; all can be freed.
+    /// for p in blocks {
+    ///     // SAFETY: from `malloc` (or null), freed once.
+    ///     unsafe { free(p) };
+    /// }
+    /// assert!(!malloc(1 << 20).is_null());
+    /// ```
+    pub fn fail_maps_randomly(seed: u64, one_in: u32) {
+        // A zero state would stay zero: the seed is mixed with a constant.
+        RANDOM.with(|r| r.set((seed ^ 0x9e37_79b9_7f4a_7c15 | 1, one_in)));
+    }
+
+    /// Draws for one map under [`fail_maps_randomly`]: `false` if it must fail.
+    #[inline]
+    pub(super) fn random_map_allowed() -> bool {
+        RANDOM.with(|r| {
+            let (mut x, one_in) = r.get();
+            if one_in == 0 {
+                return true;
+            }
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            r.set((x, one_in));
+            x % u64::from(one_in) != 0
+        })
     }
 }
