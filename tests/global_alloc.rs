@@ -12,6 +12,8 @@ use std::thread;
 use scalemem::Umem;
 use scalemem::umem::global;
 
+mod common;
+
 #[global_allocator]
 static A: Umem = Umem::new();
 
@@ -377,4 +379,84 @@ fn maintenance_thread_returns_memory_without_calls() {
         assert!(start.elapsed() < std::time::Duration::from_secs(40), "not given back: peak {peak}, now {now}");
         thread::sleep(std::time::Duration::from_millis(50));
     }
+}
+
+/// A `/proc/self/status` field in KiB (`VmRSS`, `VmSize`).
+fn status_kib(field: &str) -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+thread_local! {
+    /// Freed by the thread-exit destructor of each churned thread.
+    static SCRATCH: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Thread churn (issue 9): thousands of short-lived threads, a few alive at a time,
+/// allocate small and large blocks, free some locally, hand some to the next batch
+/// (which frees them remotely) and exit with thread-local destructors that free more.
+/// After a warm-up the resident set, the address space and the heap's mapped bytes stay
+/// flat: no per-thread state of the allocator (nor of the epoch and magazine layers it
+/// uses) outlives its thread. Runs alone in a child process, so the figures are its own.
+#[test]
+fn thread_churn_keeps_memory_bounded() {
+    if std::env::var("GLOBAL_ALLOC_CHILD").as_deref() != Ok("churn") {
+        return common::run_child("thread_churn_keeps_memory_bounded", &[("GLOBAL_ALLOC_CHILD", "churn")]);
+    }
+    const THREADS: usize = if cfg!(debug_assertions) { 2_000 } else { 4_000 };
+    const AT_ONCE: usize = 8;
+    const WARM_BATCHES: usize = 25;
+    let inbox: Arc<std::sync::Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let (mut base, mut peak) = ((0, 0, 0), (0, 0, 0));
+    let mut remote_frees = 0;
+    for batch in 0..THREADS / AT_ONCE {
+        let handles: Vec<_> = (0..AT_ONCE)
+            .map(|k| {
+                let inbox = Arc::clone(&inbox);
+                thread::spawn(move || {
+                    let tag = (batch * AT_ONCE + k) as u8;
+                    let mut mine: Vec<Vec<u8>> = (0..64)
+                        .map(|i| vec![tag; if i == 0 { 256 << 10 } else { 16 + (i * 997 + k * 31) % (64 << 10) }])
+                        .collect();
+                    SCRATCH.with(|s| s.borrow_mut().extend((0..32).map(|i| format!("{tag}:{i}"))));
+                    let theirs = {
+                        let mut inbox = inbox.lock().unwrap();
+                        let n = inbox.len().min(16);
+                        let theirs: Vec<Vec<u8>> = inbox.drain(..n).collect();
+                        inbox.extend(mine.drain(..16));
+                        theirs
+                    };
+                    for block in &theirs {
+                        assert!(block.iter().all(|&b| b == block[0]), "a handed-over block changed");
+                    }
+                    mine.truncate(24);
+                    theirs.len()
+                })
+            })
+            .collect();
+        for h in handles {
+            remote_frees += h.join().unwrap();
+        }
+        let now = (status_kib("VmRSS:"), status_kib("VmSize:"), global::stats().mapped >> 10);
+        if batch == WARM_BATCHES {
+            base = now;
+        } else if batch > WARM_BATCHES {
+            peak = (peak.0.max(now.0), peak.1.max(now.1), peak.2.max(now.2));
+        }
+    }
+    drop(inbox);
+    eprintln!(
+        "churn: {THREADS} threads, {remote_frees} remote frees; RSS {} -> max {} KiB, VmSize {} -> max {} KiB, \
+         mapped {} -> max {} KiB",
+        base.0, peak.0, base.1, peak.1, base.2, peak.2
+    );
+    assert!(remote_frees > THREADS * 8, "the threads freed each other's blocks");
+    // Bounded: growth after the warm-up is within a quarter of the warm footprint plus
+    // 16 MiB (a per-thread leak of one 64 KiB block alone would add over 100 MiB).
+    let bound = |warm: usize| warm + warm / 4 + (16 << 10);
+    assert!(peak.0 <= bound(base.0), "RSS grew from {} to {} KiB", base.0, peak.0);
+    assert!(peak.1 <= bound(base.1), "address space grew from {} to {} KiB", base.1, peak.1);
+    assert!(peak.2 <= bound(base.2), "mapped bytes grew from {} to {} KiB", base.2, peak.2);
+    global::assert_valid();
 }
