@@ -1,8 +1,10 @@
-//! Model-based tests (issue 9, the primitives' part): proptest drives random operation
-//! sequences against `PercpuRef`, `Refcache` (strong and weak references, intrusive
-//! headers), `RmLock` and umem's global allocator (`Umem`'s `GlobalAlloc` and the C
-//! family, blocks filled with patterns), and checks every observable result against a small reference
-//! model after each step. Shrinking turns a failure into a minimal sequence.
+//! Model-based tests (issue 9): proptest drives random operation sequences against
+//! `PercpuRef`, `Refcache` (strong and weak references, intrusive headers), `RmLock`,
+//! umem's global allocator (`Umem`'s `GlobalAlloc` and the C family, blocks filled with
+//! patterns), a vmem arena (alloc, xalloc with alignment, phase and boundaries, frees,
+//! coalescing, the free total) and an object cache (constructed state, reaping), and
+//! checks every observable result against a small reference model after each step.
+//! Shrinking turns a failure into a minimal sequence.
 //!
 //! The sequences run on one thread (the concurrent behaviour is what the loom models and
 //! the stress tests cover); the test thread still migrates between CPUs as the scheduler
@@ -558,5 +560,298 @@ proptest! {
         // SAFETY: a valid layout; too large to serve.
         let huge = unsafe { umem.alloc(Layout::from_size_align(isize::MAX as usize - 4095, 4096).unwrap()) };
         prop_assert!(huge.is_null());
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// vmem
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+enum VmemOp {
+    /// `alloc(units * Q, policy)`; `best` picks best fit over instant fit.
+    Alloc { units: usize, best: bool },
+    /// `xalloc(units * Q)` aligned to `Q << align_shift`, with `phase` quanta past it,
+    /// inside 1 KiB windows if `nocross`.
+    Xalloc { units: usize, align_shift: u32, phase: usize, nocross: bool },
+    /// Frees the i-th live range (`xfree` if `x`).
+    Free { i: usize, x: bool },
+    /// A free of a wrong size or of an address that is not allocated.
+    BadFree(usize),
+    /// Empties the quantum caches.
+    Reap,
+}
+
+const VQ: usize = 8;
+/// The arena's spans: two, so a request can fit neither, one or both.
+const VSPANS: [(usize, usize); 2] = [(0x1000, 0x1000), (0x4000, 0x400)];
+
+fn vmem_op() -> impl Strategy<Value = VmemOp> {
+    prop_oneof![
+        4 => (1usize..48, any::<bool>()).prop_map(|(units, best)| VmemOp::Alloc { units, best }),
+        3 => (1usize..24, 0u32..6, 0usize..4, any::<bool>())
+            .prop_map(|(units, align_shift, phase, nocross)| VmemOp::Xalloc { units, align_shift, phase, nocross }),
+        4 => (any::<usize>(), any::<bool>()).prop_map(|(i, x)| VmemOp::Free { i, x }),
+        1 => (0usize..0x600).prop_map(VmemOp::BadFree),
+        1 => Just(VmemOp::Reap),
+    ]
+}
+
+/// The largest gap the live ranges leave in the spans.
+fn vmem_largest_gap(live: &std::collections::BTreeMap<usize, usize>) -> usize {
+    let mut best = 0;
+    for (base, size) in VSPANS {
+        let mut cursor = base;
+        for (&a, &n) in live.range(base..base + size) {
+            best = best.max(a - cursor);
+            cursor = a + n;
+        }
+        best = best.max(base + size - cursor);
+    }
+    best
+}
+
+proptest! {
+    #![proptest_config(cases())]
+
+    /// Random alloc/xalloc/free sequences on a two-span arena against a map of live
+    /// ranges: results are quantum-aligned, meet their constraints, lie inside a span and
+    /// overlap no live range; an unconstrained request fails only if no gap in the model
+    /// fits it (for instant fit: no gap of the next power of two); bad frees are refused and change nothing; the free
+    /// total is the spans minus what is live; and freeing everything coalesces each span
+    /// back into one free segment.
+    #[test]
+    fn vmem_matches_its_model(ops in proptest::collection::vec(vmem_op(), 1..120)) {
+        use scalemem::umem::vmem::{Constraints, Policy, Vmem, VmemError};
+        let arena = Vmem::builder("model").quantum(VQ).qcache_max(4 * VQ).checking(true)
+            .span(VSPANS[0].0, VSPANS[0].1).build().unwrap();
+        arena.add(VSPANS[1].0, VSPANS[1].1).unwrap();
+        let mut live = std::collections::BTreeMap::<usize, usize>::new();
+        for op in ops {
+            match op {
+                VmemOp::Alloc { units, best } | VmemOp::Xalloc { units, align_shift: 0, phase: 0, nocross: best } => {
+                    let size = units * VQ;
+                    let policy = if best { Policy::BestFit } else { Policy::InstantFit };
+                    match arena.alloc(size, policy) {
+                        Ok(a) => {
+                            prop_assert_eq!(a % VQ, 0);
+                            prop_assert!(VSPANS.iter().any(|&(b, n)| b <= a && a + size <= b + n), "outside the spans");
+                            if let Some((&p, &n)) = live.range(..=a).next_back() {
+                                prop_assert!(p + n <= a, "{:#x}+{:#x} overlaps {:#x}+{:#x}", a, size, p, n);
+                            }
+                            if let Some((&nx, _)) = live.range(a..).next() {
+                                prop_assert!(a + size <= nx, "{:#x}+{:#x} overlaps {:#x}", a, size, nx);
+                            }
+                            live.insert(a, size);
+                        }
+                        // Ranges parked in quantum caches are not in the model: the
+                        // gaps it sees are exact only while the caches are empty.
+                        Err(VmemError::Exhausted) if arena.stats().qcached == 0 => {
+                            let gap = vmem_largest_gap(&live);
+                            if best {
+                                prop_assert!(gap < size, "best fit refused {:#x} with a gap of {:#x}", size, gap);
+                            } else {
+                                // Instant fit takes any segment from the lists of at least
+                                // the next power of two.
+                                prop_assert!(gap < size.next_power_of_two(), "instant fit refused {:#x}, gap {:#x}", size, gap);
+                            }
+                        }
+                        Err(VmemError::Exhausted) => {}
+                        Err(e) => prop_assert!(false, "unexpected {:?}", e),
+                    }
+                }
+                VmemOp::Xalloc { units, align_shift, phase, nocross } => {
+                    let size = units * VQ;
+                    let align = VQ << align_shift;
+                    let c = Constraints {
+                        align,
+                        phase: (phase * VQ) % align,
+                        nocross: if nocross { 0x400 } else { 0 },
+                        ..Constraints::default()
+                    };
+                    match arena.xalloc(size, &c) {
+                        Ok(a) => {
+                            prop_assert_eq!(a % align, c.phase);
+                            if nocross {
+                                prop_assert_eq!(a / 0x400, (a + size - 1) / 0x400, "crossed a 1 KiB boundary");
+                            }
+                            prop_assert!(VSPANS.iter().any(|&(b, n)| b <= a && a + size <= b + n));
+                            if let Some((&p, &n)) = live.range(..=a).next_back() {
+                                prop_assert!(p + n <= a);
+                            }
+                            if let Some((&nx, _)) = live.range(a..).next() {
+                                prop_assert!(a + size <= nx);
+                            }
+                            live.insert(a, size);
+                        }
+                        Err(VmemError::Exhausted) => {}
+                        Err(e) => prop_assert!(false, "unexpected {:?} for {:?}", e, c),
+                    }
+                }
+                VmemOp::Free { i, x } if !live.is_empty() => {
+                    let (&a, &size) = live.iter().nth(i % live.len()).unwrap();
+                    live.remove(&a);
+                    prop_assert_eq!(if x { arena.xfree(a, size) } else { arena.free(a, size) }, Ok(()));
+                }
+                VmemOp::BadFree(k) => {
+                    let a = 0x1000 + VQ * k;
+                    let before = arena.stats();
+                    match live.get(&a) {
+                        Some(&size) => prop_assert_eq!(arena.free(a, size + VQ), Err(VmemError::WrongSize)),
+                        None => {
+                            let r = arena.free(a, VQ);
+                            prop_assert!(matches!(r, Err(VmemError::NotAllocated | VmemError::WrongSize)), "{:?}", r);
+                        }
+                    }
+                    let after = arena.stats();
+                    prop_assert_eq!((before.in_use, before.free), (after.in_use, after.free));
+                }
+                VmemOp::Reap => {
+                    arena.reap();
+                    prop_assert_eq!(arena.stats().qcached, 0);
+                }
+                VmemOp::Free { .. } => {}
+            }
+            let s = arena.stats();
+            let used: usize = live.values().sum();
+            prop_assert_eq!(s.in_use - s.qcached, used);
+            prop_assert_eq!(s.free + s.qcached, s.total - used);
+            arena.assert_valid();
+        }
+        for (a, size) in std::mem::take(&mut live) {
+            prop_assert_eq!(arena.free(a, size), Ok(()));
+        }
+        arena.reap();
+        arena.assert_valid();
+        let s = arena.stats();
+        prop_assert_eq!(s.in_use, 0);
+        prop_assert_eq!(s.segments, 4, "two spans, each one free segment");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Object cache
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+enum CacheOp {
+    Alloc,
+    /// Frees the i-th live object, having written `scribble` into its payload (a user
+    /// may change a constructed object, as long as it is constructed when freed).
+    Free {
+        i: usize,
+        scribble: u8,
+    },
+    Reap,
+    Update,
+}
+
+fn cache_op() -> impl Strategy<Value = CacheOp> {
+    prop_oneof![
+        5 => Just(CacheOp::Alloc),
+        4 => (any::<usize>(), any::<u8>()).prop_map(|(i, scribble)| CacheOp::Free { i, scribble }),
+        1 => Just(CacheOp::Reap),
+        1 => Just(CacheOp::Update),
+    ]
+}
+
+proptest! {
+    #![proptest_config(cases())]
+
+    /// Random alloc/free/reap/update sequences on an object cache with a constructor and
+    /// a destructor, against a model of the live objects: each object handed out is
+    /// constructed (its header word set by the constructor, its payload as the last user
+    /// left it or as constructed), aligned, and overlaps no live object; `in_use` is the
+    /// live count; constructors minus destructors equals `constructed`; the layers'
+    /// invariants hold after every step; and after a reap of an empty cache every
+    /// constructed object has been destroyed.
+    #[test]
+    fn object_cache_matches_its_model(
+        size in prop_oneof![Just(24usize), Just(64), Just(200), Just(1000), Just(5000)],
+        ops in proptest::collection::vec(cache_op(), 1..200),
+    ) {
+        use std::ptr::NonNull;
+        use scalemem::umem::cache::{Config, ObjectCache};
+        const MAGIC: u64 = 0x5ca1_ab1e_0b1e_c7ed;
+        let ctors = Arc::new(AtomicUsize::new(0));
+        let dtors = Arc::new(AtomicUsize::new(0));
+        let (c2, d2) = (ctors.clone(), dtors.clone());
+        let ctor = Box::new(move |p: NonNull<u8>| {
+            // SAFETY: the cache passes `size` writable bytes, 8-aligned.
+            unsafe { p.cast::<u64>().write(MAGIC) };
+            // SAFETY: as above; the payload follows the header word.
+            unsafe { p.as_ptr().add(8).write_bytes(0xC7, size - 8) };
+            c2.fetch_add(1, SeqCst);
+            Ok(())
+        });
+        let dtor = Box::new(move |p: NonNull<u8>| {
+            // SAFETY: a constructed object of `size` bytes.
+            assert_eq!(unsafe { p.cast::<u64>().read() }, MAGIC, "destroyed an unconstructed object");
+            // SAFETY: as above.
+            unsafe { p.cast::<u64>().write(0) };
+            d2.fetch_add(1, SeqCst);
+        });
+        let regions = Box::leak(Box::new(scalemem::umem::region::Regions::new().unwrap()));
+        let config = Config { reaper: false, ..Config::default() };
+        let cache = ObjectCache::new_in(regions, "model", size, 8, Some(ctor), Some(dtor), config).unwrap();
+        // Live objects: address -> payload byte the user last wrote (0xC7 when fresh).
+        let mut live = std::collections::BTreeMap::<usize, u8>::new();
+        // Freed objects: the payload they had, which a later alloc may return as is.
+        let mut freed = std::collections::BTreeMap::<usize, u8>::new();
+        for op in ops {
+            match op {
+                CacheOp::Alloc => {
+                    let p = cache.alloc().unwrap();
+                    let a = p.as_ptr() as usize;
+                    prop_assert_eq!(a % 8, 0);
+                    // SAFETY: a live object of `size` bytes.
+                    let (magic, first, last) = unsafe {
+                        (p.cast::<u64>().read(), *p.as_ptr().add(8), *p.as_ptr().add(size - 1))
+                    };
+                    prop_assert_eq!(magic, MAGIC, "handed out unconstructed");
+                    let expected = freed.remove(&a).unwrap_or(0xC7);
+                    // A freed object comes back as freed, or destroyed and built anew.
+                    prop_assert!(first == last && (first == expected || first == 0xC7),
+                        "payload {:#x}/{:#x}, expected {:#x}", first, last, expected);
+                    if let Some((&prev, _)) = live.range(..a).next_back() {
+                        prop_assert!(prev + size <= a, "overlaps a live object");
+                    }
+                    if let Some((&next, _)) = live.range(a..).next() {
+                        prop_assert!(a + size <= next, "overlaps a live object");
+                    }
+                    live.insert(a, first);
+                }
+                CacheOp::Free { i, scribble } if !live.is_empty() => {
+                    let (&a, _) = live.iter().nth(i % live.len()).unwrap();
+                    live.remove(&a);
+                    let p = NonNull::new(a as *mut u8).unwrap();
+                    // SAFETY: a live object of `size` bytes; the header stays constructed.
+                    unsafe { p.as_ptr().add(8).write_bytes(scribble, size - 8) };
+                    // SAFETY: from this cache, freed once.
+                    let freed_ok = unsafe { cache.free(p) }.is_ok();
+                    prop_assert!(freed_ok);
+                    freed.insert(a, scribble);
+                }
+                CacheOp::Reap => { cache.reap(); }
+                CacheOp::Update => { cache.update(); }
+                CacheOp::Free { .. } => {}
+            }
+            let s = cache.stats();
+            prop_assert_eq!(s.in_use, live.len());
+            prop_assert_eq!(ctors.load(SeqCst) - dtors.load(SeqCst), s.constructed);
+            prop_assert!(s.constructed >= s.in_use);
+            cache.assert_valid();
+        }
+        for (a, _) in std::mem::take(&mut live) {
+            // SAFETY: from this cache, freed once.
+            let freed_ok = unsafe { cache.free(NonNull::new(a as *mut u8).unwrap()) }.is_ok();
+            prop_assert!(freed_ok);
+        }
+        cache.reap();
+        cache.reap();
+        cache.assert_valid();
+        let s = cache.stats();
+        prop_assert_eq!((s.in_use, s.constructed), (0, 0), "a reap of an idle cache destroys everything");
+        prop_assert_eq!(ctors.load(SeqCst), dtors.load(SeqCst));
     }
 }
