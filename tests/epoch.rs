@@ -461,3 +461,48 @@ fn many_threads_retire_while_others_read() {
     }
     assert_eq!(drops.load(SeqCst), created.load(SeqCst));
 }
+
+/// A thread pinned while another forks does not exist in the child; the child's epoch
+/// must still advance and free what the child retires (the fork handler unpins the
+/// records of the threads the child does not have). Without it the child's garbage
+/// would wait forever.
+#[test]
+fn a_forked_child_is_not_held_back_by_threads_it_does_not_have() {
+    static CHILD_DROPS: AtomicUsize = AtomicUsize::new(0);
+    // Register this thread first, so the handler is installed before the fork.
+    epoch::pin().flush();
+    let (pinned, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+    let (p, r) = (pinned.clone(), release.clone());
+    let holder = thread::spawn(move || {
+        let _guard = epoch::pin();
+        p.wait();
+        r.wait();
+    });
+    pinned.wait();
+    // SAFETY: fork; the child pins, defers, collects and leaves with `_exit` (no
+    // unwinding into the test harness, no atexit handlers).
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        for _ in 0..10_000 {
+            let guard = epoch::pin();
+            guard.defer(|| CHILD_DROPS.fetch_add(1, SeqCst));
+            guard.flush();
+            drop(guard);
+            if CHILD_DROPS.load(SeqCst) > 0 {
+                // SAFETY: ends the child.
+                unsafe { libc::_exit(0) };
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        // SAFETY: ends the child.
+        unsafe { libc::_exit(3) };
+    }
+    assert!(pid > 0, "fork failed");
+    let mut status = 0;
+    // SAFETY: our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    release.wait();
+    holder.join().unwrap();
+    assert!(libc::WIFEXITED(status), "child status {status:#x}");
+    assert_eq!(libc::WEXITSTATUS(status), 0, "the child's garbage was never freed: its epoch stalled");
+}

@@ -59,9 +59,28 @@ mod imp {
         }
     }
 
+    /// Whether the fork handler is registered.
+    static AT_FORK: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+    /// `pthread_atfork` child handler: see [`Global::after_fork_in_child`].
+    extern "C" fn after_fork_in_child() {
+        let me = RECORD.try_with(Cell::get).unwrap_or(ptr::null());
+        let me = if me == EXITED { ptr::null() } else { me };
+        // SAFETY: the child of fork, in its handler: the only thread, which was in
+        // `fork`, not in a collection or an advance; `me` is its registered record.
+        unsafe { DEFAULT_GLOBAL.after_fork_in_child(me) };
+    }
+
     #[cold]
     #[inline(never)]
     fn with_local_slow<R>(current: *const Local, f: impl FnOnce(NonNull<Local>) -> R) -> R {
+        // Relaxed: only one caller registers; the handler reads nothing published here.
+        if !AT_FORK.swap(true, core::sync::atomic::Ordering::Relaxed) {
+            // glibc's registration allocates: an allocator that pins (umem) is inside its
+            // own slow path here, which sends re-entrant requests to its bootstrap arena.
+            // SAFETY: the handler is an `extern "C"` function that does not unwind.
+            unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+        }
         let local = Global::register(COLLECTOR.global)
             .unwrap_or_else(|_| std::alloc::handle_alloc_error(std::alloc::Layout::new::<Local>()));
         if current.is_null()

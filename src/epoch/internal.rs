@@ -343,6 +343,43 @@ impl Global {
         ok
     }
 
+    /// Repairs the collector in the child of a `fork`, where only the forking thread
+    /// exists. The records of the threads that did not come along would otherwise stay
+    /// as they were at the fork: one pinned then would hold the epoch back forever, and
+    /// nothing retired in the child would ever be freed. So every record but `me` (the
+    /// forking thread's) is unpinned: its thread will never read again. A collection or
+    /// advance that another thread had begun is abandoned: its try-lock is released and,
+    /// for a collection, the FIFOs it was reordering are forgotten. Garbage in those
+    /// FIFOs and in the gone threads' bags is leaked, never freed early; their records
+    /// stay claimed. Both are bounded by what was pending at the fork.
+    ///
+    /// # Safety
+    /// Called in the child of `fork` before it starts a thread, not from inside a
+    /// collection or advance (neither runs user code, so the forking thread cannot be in
+    /// one); `me` is the forking thread's registered record, or null.
+    #[cfg(not(scalemem_loom))]
+    pub(crate) unsafe fn after_fork_in_child(&self, me: *const Local) {
+        // Relaxed throughout: the child's only thread.
+        let mut cursor = self.registry.load(Ordering::Relaxed);
+        while !cursor.is_null() {
+            if cursor.cast_const() != me {
+                // SAFETY: registered records stay mapped for the collector's life.
+                unsafe { (*cursor).epoch.store(0, Ordering::Relaxed) };
+            }
+            // SAFETY: as above; `next` is fixed once published.
+            cursor = unsafe { (*cursor).next };
+        }
+        if self.collecting.load(Ordering::Relaxed) {
+            // SAFETY: the only thread; the lock's holder is gone.
+            unsafe {
+                self.bags.abandon_fifo();
+                self.batches.abandon_fifo();
+            }
+            self.collecting.store(false, Ordering::Relaxed);
+        }
+        self.advancing.store(false, Ordering::Relaxed);
+    }
+
     /// Reclaims up to [`cfg::COLLECT_BUDGET`] expired bags or batches. Skips if no
     /// garbage waits or another thread is collecting (it frees the garbage instead).
     pub(crate) fn collect(&self) {

@@ -134,6 +134,17 @@ impl<T: Garbage> GarbageQueue<T> {
         Self { inbox: AtomicPtr::new(ptr::null_mut()), fifo: UnsafeCell::new((ptr::null_mut(), ptr::null_mut())) }
     }
 
+    /// Forgets the FIFO (its nodes are leaked, never run): for the child of a `fork`
+    /// whose collecting-lock holder was another thread, stopped mid-update.
+    ///
+    /// # Safety
+    /// REQUIRES: no other thread exists (the child of `fork`, in its handler).
+    #[cfg(not(scalemem_loom))]
+    pub(crate) unsafe fn abandon_fifo(&self) {
+        // SAFETY: the only thread (contract).
+        self.fifo.with_mut(|fifo| unsafe { *fifo = (ptr::null_mut(), ptr::null_mut()) });
+    }
+
     /// Publishes a sealed node.
     pub(crate) fn push(&self, node: NonNull<T>) {
         // Relaxed: the CAS below re-validates the value.
