@@ -96,6 +96,11 @@
 //! - Garbage is freed by threads that pin, retire or flush; a process whose threads all
 //!   stop doing so keeps its last garbage until they resume.
 //! - Deferred functions must not panic: a panic leaks the rest of its bag.
+//! - `fork`: in the child, the default collector unpins the records of the threads that
+//!   did not come along (a `pthread_atfork` handler), so one pinned at the fork cannot
+//!   hold the child's epoch back; what those threads had retired is leaked in the child,
+//!   never freed early. Collectors made with [`Collector::new`] get no such repair: a
+//!   child that uses one must not have forked while another thread was pinned in it.
 
 mod atomic;
 mod bag;
