@@ -97,6 +97,19 @@
 //! while it holds the registry lock: a destructor must not create or drop an
 //! [`ObjectCache`] (it would deadlock).
 //!
+//! # fork
+//!
+//! Registered caches (every cache but those built
+//! [`unregistered`](CacheBuilder::unregistered)) are fork-safe, as libumem's are: umem's
+//! `pthread_atfork` handlers take the registry lock, each registered cache's
+//! reconfiguration and slab locks, and their region managers' locks (the Refcache's too)
+//! before the process is copied, and release them in the parent and in the child, so a
+//! child never inherits a lock held by a thread it does not have. In the child the
+//! caches work as in the parent; the background reaper and Refcache ticker threads are
+//! not copied (memory still goes back through explicit reaps and callers' slow paths).
+//! An unregistered cache is its owner's to keep out of `fork` (umem's global heap does
+//! that for its own).
+//!
 //! # Invariants
 //!
 //! - Count of the `PercpuRef` = 1 (until destroy) + constructed objects outside the slab
@@ -673,9 +686,7 @@ impl ObjectCache {
     /// Takes the cache's locks (reconfiguration, then slab) without a scope, for the
     /// global allocator's `fork` handlers.
     pub(crate) fn fork_lock(&self) {
-        let inner = self.inner();
-        inner.cpu.fork_lock();
-        inner.shared.slab.fork_lock();
+        self.inner().fork_lock();
     }
 
     /// Releases what [`fork_lock`](Self::fork_lock) took.
@@ -683,10 +694,8 @@ impl ObjectCache {
     /// # Safety
     /// As `Regions::fork_unlock`.
     pub(crate) unsafe fn fork_unlock(&self) {
-        let inner = self.inner();
         // SAFETY: the caller's contract.
-        unsafe { inner.shared.slab.fork_unlock() };
-        inner.cpu.fork_unlock();
+        unsafe { self.inner().fork_unlock() };
     }
 
     /// Panics if a layer's invariants fail (quiescent use only: tests).
@@ -836,6 +845,28 @@ impl Inner {
         result
     }
 
+    /// [`ObjectCache::fork_lock`]: reconfiguration (and, in locked mode, every slot),
+    /// then the slab lock, the order in which reaping nests them.
+    fn fork_lock(&self) {
+        self.cpu.fork_lock();
+        self.shared.slab.fork_lock();
+    }
+
+    /// [`ObjectCache::fork_unlock`].
+    ///
+    /// # Safety
+    /// As `Regions::fork_unlock`.
+    unsafe fn fork_unlock(&self) {
+        // SAFETY: the caller's contract.
+        unsafe { self.shared.slab.fork_unlock() };
+        self.cpu.fork_unlock();
+    }
+
+    /// The region manager the cache's slabs come from.
+    fn regions(&self) -> &'static Regions {
+        self.regions
+    }
+
     /// A sink for the magazine layer's drains: each round leaves the cache.
     fn sink(&self) -> impl FnMut(NonNull<u8>) + '_ {
         |round| {
@@ -961,6 +992,23 @@ impl fmt::Debug for ObjectCache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ObjectCache").field("name", &self.inner().name).field("stats", &self.stats()).finish()
     }
+}
+
+/// The `fork` prepare step for registered caches (see `umem::fork`).
+#[cfg(not(scalemem_loom))]
+pub(crate) fn fork_lock_registered() {
+    registry::fork_lock();
+}
+
+/// Releases what [`fork_lock_registered`] took.
+///
+/// # Safety
+/// `fork_lock_registered` ran (here, or in the parent before the `fork` that made this
+/// process) and nothing released its locks since.
+#[cfg(not(scalemem_loom))]
+pub(crate) unsafe fn fork_unlock_registered() {
+    // SAFETY: the caller's contract.
+    unsafe { registry::fork_unlock() };
 }
 
 /// Counters summed over every live cache, and the default region manager's (if made).

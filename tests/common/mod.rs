@@ -25,3 +25,30 @@ pub fn run_child(test: &str, env: &[(&str, &str)]) {
     );
     assert!(String::from_utf8_lossy(&output.stdout).contains("1 passed"), "the child ran no test");
 }
+
+/// Waits for the `fork`ed child `pid` and returns its exit code; fails if it did not
+/// exit normally, or if it is still running after 30 s (a child that inherited a lock
+/// held by a thread it does not have hangs: it is killed and the test fails).
+pub fn wait_child(pid: libc::pid_t, what: &str) -> i32 {
+    let mut status = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        // SAFETY: polls our child.
+        let waited = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if waited == pid {
+            break;
+        }
+        assert_eq!(waited, 0, "waitpid failed");
+        if std::time::Instant::now() > deadline {
+            // SAFETY: our child; reaped below.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            panic!("{what} hung after fork (a lock held across fork?)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(libc::WIFEXITED(status), "{what}: status {status:#x}");
+    libc::WEXITSTATUS(status)
+}
