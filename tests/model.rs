@@ -12,6 +12,8 @@
 
 #![cfg(not(scalemem_loom))]
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::SeqCst;
@@ -597,20 +599,6 @@ fn vmem_op() -> impl Strategy<Value = VmemOp> {
     ]
 }
 
-/// The largest gap the live ranges leave in the spans.
-fn vmem_largest_gap(live: &std::collections::BTreeMap<usize, usize>) -> usize {
-    let mut best = 0;
-    for (base, size) in VSPANS {
-        let mut cursor = base;
-        for (&a, &n) in live.range(base..base + size) {
-            best = best.max(a - cursor);
-            cursor = a + n;
-        }
-        best = best.max(base + size - cursor);
-    }
-    best
-}
-
 proptest! {
     #![proptest_config(cases())]
 
@@ -647,7 +635,7 @@ proptest! {
                         // Ranges parked in quantum caches are not in the model: the
                         // gaps it sees are exact only while the caches are empty.
                         Err(VmemError::Exhausted) if arena.stats().qcached == 0 => {
-                            let gap = vmem_largest_gap(&live);
+                            let gap = common::largest_gap(&VSPANS, &live);
                             if best {
                                 prop_assert!(gap < size, "best fit refused {:#x} with a gap of {:#x}", size, gap);
                             } else {

@@ -472,20 +472,6 @@ fn bad_input_is_refused_and_changes_nothing() {
 
 // --- randomized comparison with a model ---
 
-/// The largest free gap the model leaves inside `spans`.
-fn largest_gap(spans: &[(usize, usize)], live: &BTreeMap<usize, usize>) -> usize {
-    let mut best = 0;
-    for &(base, size) in spans {
-        let mut cursor = base;
-        for (&a, &n) in live.range(base..base + size) {
-            best = best.max(a - cursor);
-            cursor = a + n;
-        }
-        best = best.max(base + size - cursor);
-    }
-    best
-}
-
 fn model_run(seed: u64, ops: usize, with_source: bool) {
     const Q: usize = 8;
     let parent = Vmem::new("model-parent", 0x10_0000, 0x4_0000, 0x100, None, 0).unwrap();
@@ -539,7 +525,7 @@ fn model_run(seed: u64, ops: usize, with_source: bool) {
                     Err(VmemError::Exhausted) => {
                         exhausted += 1;
                         if !with_source && !constrained {
-                            let gap = largest_gap(&spans, &live);
+                            let gap = common::largest_gap(&spans, &live);
                             assert!(gap < size, "op {op}: exhausted for {size:#x} with a free gap of {gap:#x}");
                         }
                     }

@@ -52,3 +52,17 @@ pub fn wait_child(pid: libc::pid_t, what: &str) -> i32 {
     assert!(libc::WIFEXITED(status), "{what}: status {status:#x}");
     libc::WEXITSTATUS(status)
 }
+
+/// The largest free gap the model leaves inside `spans`.
+pub fn largest_gap(spans: &[(usize, usize)], live: &std::collections::BTreeMap<usize, usize>) -> usize {
+    let mut best = 0;
+    for &(base, size) in spans {
+        let mut cursor = base;
+        for (&a, &n) in live.range(base..base + size) {
+            best = best.max(a - cursor);
+            cursor = a + n;
+        }
+        best = best.max(base + size - cursor);
+    }
+    best
+}
