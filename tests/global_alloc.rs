@@ -158,6 +158,35 @@ fn c_family() {
     unsafe { global::free(p) };
 }
 
+/// C `realloc` of a block from the Rust interfaces aligned below `MIN_ALIGN` (an 8-byte
+/// class) returns a `MIN_ALIGN`-aligned block, as `malloc`'s are, with the content: it
+/// used to keep such a block in place (found by the `alloc_api` fuzz target).
+#[test]
+fn c_realloc_of_a_rust_block_is_min_aligned() {
+    let _serial = serial();
+    let layout = Layout::from_size_align(8, 8).unwrap();
+    // Several blocks, so that some sit at an 8-but-not-16-aligned address.
+    let blocks: Vec<*mut u8> = (0..8)
+        .map(|i| {
+            // SAFETY: a non-zero-sized layout.
+            let p = unsafe { A.alloc(layout) };
+            assert!(!p.is_null());
+            // SAFETY: 8 writable bytes.
+            unsafe { p.write_bytes(i, 8) };
+            p
+        })
+        .collect();
+    for (i, p) in blocks.into_iter().enumerate() {
+        // SAFETY: a live block of this allocator, given up to realloc.
+        let q = unsafe { global::realloc(p, 1 + i % 8) };
+        assert!(!q.is_null());
+        assert_eq!(q as usize % global::MIN_ALIGN, 0, "realloc returned {q:?}");
+        check(q, 1 + i % 8, i as u8);
+        // SAFETY: live, from realloc, freed once.
+        unsafe { global::free(q) };
+    }
+}
+
 #[test]
 fn allocator_api2_collections() {
     use allocator_api2::alloc::Allocator;

@@ -774,8 +774,11 @@ pub unsafe fn realloc(ptr: *mut u8, size: usize) -> *mut u8 {
     let Some((class, usable)) = (unsafe { heap.find(ptr) }) else { return ptr::null_mut() };
     match class {
         Some(class) => {
-            // Stay in place within the class, unless the block would be mostly empty.
-            if size <= usable && (size > usable / 2 || class.get() < 8) {
+            // Stay in place within the class, unless the block would be mostly empty, or
+            // it is not aligned as `malloc`'s are (a block from the Rust interfaces with
+            // a smaller alignment, in a class below 16 bytes): a C caller may rely on
+            // `MIN_ALIGN` for what `realloc` returns, which a move gives.
+            if size <= usable && (size > usable / 2 || class.get() < 8) && ptr.addr().is_multiple_of(MIN_ALIGN) {
                 return ptr;
             }
         }
