@@ -99,16 +99,16 @@
 //!
 //! # fork
 //!
-//! Registered caches (every cache but those built
-//! [`unregistered`](CacheBuilder::unregistered)) are fork-safe, as libumem's are: umem's
+//! Registered caches (every cache but the ones umem's global heap makes for itself) are
+//! fork-safe, as libumem's are: umem's
 //! `pthread_atfork` handlers take the registry lock, each registered cache's
 //! reconfiguration and slab locks, and their region managers' locks (the Refcache's too)
 //! before the process is copied, and release them in the parent and in the child, so a
 //! child never inherits a lock held by a thread it does not have. In the child the
 //! caches work as in the parent; the background reaper and Refcache ticker threads are
 //! not copied (memory still goes back through explicit reaps and callers' slow paths).
-//! An unregistered cache is its owner's to keep out of `fork` (umem's global heap does
-//! that for its own).
+//! The global heap's own caches are kept out of the registry and handled by the same
+//! handlers, with the heap.
 //!
 //! # Invariants
 //!
