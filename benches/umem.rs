@@ -74,7 +74,7 @@ fn pair(c: &mut Criterion) {
     group.bench_function("box_system", |b| b.iter(|| black_box(Box::new([0u64; 8]))));
     group.bench_function("umem_global", |b| b.iter(|| global_pair(&scalemem::Umem::new())));
     group.bench_function("system", |b| b.iter(|| global_pair(&System)));
-    #[cfg(not(any(scalemem_asan, scalemem_loom)))]
+    #[cfg(not(any(scalemem_asan, scalemem_tsan, scalemem_loom)))]
     {
         group.bench_function("jemalloc", |b| b.iter(|| global_pair(&tikv_jemallocator::Jemalloc)));
         group.bench_function("mimalloc", |b| b.iter(|| global_pair(&mimalloc::MiMalloc)));
@@ -100,7 +100,7 @@ fn burst(c: &mut Criterion) {
     let mut raw = Vec::with_capacity(32);
     group.bench_function("umem_global", |b| b.iter(|| global_burst(&scalemem::Umem::new(), &mut raw)));
     group.bench_function("system", |b| b.iter(|| global_burst(&System, &mut raw)));
-    #[cfg(not(any(scalemem_asan, scalemem_loom)))]
+    #[cfg(not(any(scalemem_asan, scalemem_tsan, scalemem_loom)))]
     {
         group.bench_function("jemalloc", |b| b.iter(|| global_burst(&tikv_jemallocator::Jemalloc, &mut raw)));
         group.bench_function("mimalloc", |b| b.iter(|| global_burst(&mimalloc::MiMalloc, &mut raw)));

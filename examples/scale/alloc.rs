@@ -23,7 +23,7 @@
 //!
 //! Blocks are 8-byte aligned (a `Box<[u64]>`'s layout). A failed allocation ends the run
 //! through `handle_alloc_error`. jemalloc and mimalloc are not built under
-//! `--cfg scalemem_asan` or `scalemem_loom` (Cargo.toml); there the group compares umem
+//! `--cfg scalemem_asan`, `scalemem_tsan` or `scalemem_loom` (Cargo.toml); there the group compares umem
 //! with glibc only.
 
 use std::alloc::{GlobalAlloc, Layout, System, handle_alloc_error};
@@ -45,9 +45,9 @@ use crate::model::{self, GroupReport, RateTable};
 /// The contenders, in row order; umem's global allocator first (the ratios divide by the
 /// peers), its object cache second (an `ObjectCache` of S bytes for a batch cell, of the
 /// largest remote size for a remote one), then the peers in [`on_peer!`]'s order.
-#[cfg(not(any(scalemem_asan, scalemem_loom)))]
+#[cfg(not(any(scalemem_asan, scalemem_tsan, scalemem_loom)))]
 const CONTENDERS: [&str; 5] = ["scalemem Umem", "scalemem ObjectCache", "glibc (System)", "jemalloc", "mimalloc"];
-#[cfg(any(scalemem_asan, scalemem_loom))]
+#[cfg(any(scalemem_asan, scalemem_tsan, scalemem_loom))]
 const CONTENDERS: [&str; 3] = ["scalemem Umem", "scalemem ObjectCache", "glibc (System)"];
 
 /// umem's Rust API as a contender: an [`ObjectCache`] whose objects are at least as large
@@ -98,9 +98,9 @@ macro_rules! on_peer {
         match $peer {
             0 => $f(&Umem::new(), $($arg),*),
             1 => $f(&System, $($arg),*),
-            #[cfg(not(any(scalemem_asan, scalemem_loom)))]
+            #[cfg(not(any(scalemem_asan, scalemem_tsan, scalemem_loom)))]
             2 => $f(&tikv_jemallocator::Jemalloc, $($arg),*),
-            #[cfg(not(any(scalemem_asan, scalemem_loom)))]
+            #[cfg(not(any(scalemem_asan, scalemem_tsan, scalemem_loom)))]
             3 => $f(&mimalloc::MiMalloc, $($arg),*),
             other => unreachable!("no contender {other}"),
         }

@@ -201,10 +201,15 @@ impl<K: Ord, R: Reclaim> OrderedList<K, R> {
             if marked(next) {
                 continue; // someone else deleted it: find unlinks it, then reports absent
             }
-            // The logical deletion, the linearisation point. Relaxed: marking publishes no
-            // data; the unlink below (or a traversal's) is what retires the node.
+            // The logical deletion, the linearisation point. Acquire: `next` may be a node
+            // inserted after our find, whose insert CAS (Release) we have not synchronised
+            // with yet; the unlink below publishes `next` through `prev`, and its Release
+            // passes on only what this thread has acquired. A Relaxed mark let a traversal
+            // that Acquire-loads `next` from `prev` read the new node's key and link with
+            // no happens-before edge to their initialisation (a data race; ThreadSanitizer
+            // reported it in tests/ds.rs list_concurrent).
             let marked_next = next.map_addr(|a| a | MARK);
-            if cur_ref.next.compare_exchange(next, marked_next, Ordering::Relaxed, Ordering::Relaxed).is_err() {
+            if cur_ref.next.compare_exchange(next, marked_next, Ordering::Acquire, Ordering::Relaxed).is_err() {
                 continue;
             }
             // Try to unlink it ourselves; if that fails, a find does it.
