@@ -4,9 +4,9 @@
 #
 # Build: -Zsanitizer=thread on stable through RUSTC_BOOTSTRAP; rustc refuses to link
 # instrumented crates with the uninstrumented std unless told
-# -Cunsafe-allow-abi-mismatch=sanitizer. --cfg rustix_use_libc makes rustix call glibc's
-# mmap/munmap (which TSan intercepts) instead of raw syscalls: otherwise TSan keeps the
-# access history of unmapped memory and reports every reuse of an address range by a
+# -Cunsafe-allow-abi-mismatch=sanitizer. rustix calls glibc's mmap/munmap (its `use-libc`
+# feature, which TSan intercepts) rather than raw syscalls: otherwise TSan would keep the
+# access history of unmapped memory and report every reuse of an address range by a
 # new mapping (dozens of false reports in epoch, hazard, magazine, slab). --cfg
 # scalemem_tsan only leaves jemalloc and mimalloc out of the dev-dependencies.
 #
@@ -49,6 +49,8 @@
 #     destroy_while_threads_allocate_and_free, background_reaper_returns_memory_without_calls
 #     -- objects and magazines handed over through rseq CPU slots
 #   object_cache: stress_rss_returns_after_decay -- measures RSS
+#   object_cache: fork_while_threads_use_registered_caches -- magazines made on one CPU
+#     slot and retired by a reap after heavy_rseq (membarrier), as above
 #   refcount: intrusive::racing_revivals_and_drops_release_exactly_once_at_the_end,
 #     intrusive::released_once_two_epochs_after_zero_and_never_while_counted,
 #     percpu_ref_kill_races_with_tryget_live, refcache_background_ticker_frees_without_help,
@@ -60,11 +62,12 @@
 #     the harness's) moves between threads through rseq CPU slots; fork_while_threads_allocate,
 #     thread_local_destructors_allocate and threads_share_and_free_remotely report alone,
 #     the other 8 tests only when the binary runs whole
+#   chaos_alloc (whole binary) -- Umem is the global allocator, as in global_alloc
 # Doc tests are not run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RUSTC_BOOTSTRAP=1
-export RUSTFLAGS="-Zsanitizer=thread -Cunsafe-allow-abi-mismatch=sanitizer --cfg scalemem_tsan --cfg rustix_use_libc"
+export RUSTFLAGS="-Zsanitizer=thread -Cunsafe-allow-abi-mismatch=sanitizer --cfg scalemem_tsan"
 export CARGO_TARGET_DIR=target/tsan
 export TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/ci/tsan.supp"
 target=x86_64-unknown-linux-gnu
@@ -83,7 +86,7 @@ skip() { for t in "$@"; do printf -- '--skip\n%s\n' "$t"; done; }
 
 cargo test -q --target "$target" --lib --tests --no-run
 run --lib
-for t in sizeclass vmem epoch epoch_stress ds rseq fence refcount_no_alloc model no_alloc; do
+for t in sizeclass vmem epoch epoch_stress ds rseq fence refcount_no_alloc model no_alloc umem_faults; do
     run --test "$t"
 done
 mapfile -t s < <(skip retire_ptr_runs_the_deleter_and_protect_of_null_is_none)
@@ -96,7 +99,8 @@ mapfile -t s < <(skip sixteen_threads_mixing_reads_and_rare_writes_keep_the_inva
     symmetric_fence_fallback_in_child_processes recursive_reads_with_a_waiting_writer_do_not_deadlock)
 run --test rmlock -- --exact "${s[@]}"
 mapfile -t s < <(skip sixteen_threads_allocate_and_free_across_threads destroy_while_threads_allocate_and_free \
-    background_reaper_returns_memory_without_calls stress_rss_returns_after_decay)
+    background_reaper_returns_memory_without_calls stress_rss_returns_after_decay \
+    fork_while_threads_use_registered_caches)
 run --test object_cache -- --exact "${s[@]}"
 mapfile -t s < <(skip intrusive::racing_revivals_and_drops_release_exactly_once_at_the_end \
     intrusive::released_once_two_epochs_after_zero_and_never_while_counted \

@@ -26,14 +26,21 @@ use scalemem::umem::slab::FreeError;
 static GLOBAL: Counting = Counting;
 
 /// Managers leaked for `'static`, kept reachable from here so that LeakSanitizer does not
-/// report them.
-static LEAKED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+/// report them (atomic slots, not a std `Mutex`, whose futex paths ThreadSanitizer does
+/// not see into).
+static LEAKED: [AtomicUsize; 1024] = [const { AtomicUsize::new(0) }; 1024];
+static LEAKED_NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// Keeps `regions` reachable from `LEAKED`.
+fn keep(regions: &'static Regions) {
+    LEAKED[LEAKED_NEXT.fetch_add(1, Relaxed)].store(std::ptr::from_ref(regions) as usize, Relaxed);
+}
 
 /// A region manager ticked by hand, leaked for `'static`.
 fn manual(retain: usize) -> &'static Regions {
     let regions: &'static Regions =
         Box::leak(Box::new(Regions::builder().refcache(RefcacheConfig::manual()).retain(retain).build().unwrap()));
-    LEAKED.lock().unwrap().push(std::ptr::from_ref(regions) as usize);
+    keep(regions);
     regions
 }
 
@@ -535,7 +542,7 @@ fn rss() -> usize {
 #[test]
 fn background_reaper_returns_memory_without_calls() {
     let regions: &'static Regions = Box::leak(Box::new(Regions::new().unwrap()));
-    LEAKED.lock().unwrap().push(std::ptr::from_ref(regions) as usize);
+    keep(regions);
     let (cache, ctors, dtors) = obj_cache(regions, Config { reaper: true, decay_intervals: 1, ..Config::default() });
     let objects: Vec<_> = (0..20_000).map(|_| cache.alloc().unwrap()).collect();
     let peak = regions.stats().mapped_bytes;

@@ -2,9 +2,9 @@
 //! keep migrating themselves between CPUs while a signal thread keeps interrupting them
 //! with `SIGUSR1`, which is what makes the kernel abort and restart rseq critical sections.
 
+use std::sync::Once;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicUsize};
-use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
 
 use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
@@ -113,7 +113,9 @@ impl Config {
     ) -> (Vec<R>, Chaos) {
         install_sigusr1_handler();
         let deadline = Instant::now() + self.time_limit;
-        let targets: Mutex<Vec<libc::pthread_t>> = Mutex::new(Vec::new());
+        // Each worker's pthread_t, 0 until it has started: one atomic slot per worker (no
+        // std Mutex, whose futex paths ThreadSanitizer does not see into).
+        let targets: Vec<AtomicUsize> = (0..self.threads).map(|_| AtomicUsize::new(0)).collect();
         let finished = AtomicUsize::new(0);
         let signals_stopped = AtomicBool::new(false);
         let mut signals = 0;
@@ -125,7 +127,9 @@ impl Config {
                         (&work, &targets, &finished, &signals_stopped, &migrations);
                     s.spawn(move || {
                         // SAFETY: pthread_self has no preconditions.
-                        targets.lock().unwrap().push(unsafe { libc::pthread_self() });
+                        let me = unsafe { libc::pthread_self() };
+                        // Release: pairs with the signal thread's Acquire load.
+                        targets[t].store(me as usize, Release);
                         let mut migrator = Migrator::new(t, self.migrate_every);
                         let result = work(t, &mut migrator, deadline);
                         migrations.fetch_add(migrator.moves, Relaxed);
@@ -145,10 +149,11 @@ impl Config {
             }
             // This thread is the signal thread.
             while finished.load(Acquire) < self.threads {
-                for thread in targets.lock().unwrap().clone() {
+                // Acquire: pairs with the worker's Release store of its pthread_t.
+                for thread in targets.iter().map(|slot| slot.load(Acquire)).filter(|&t| t != 0) {
                     // SAFETY: `thread` is a worker that cannot exit before
                     // `signals_stopped` is set below; SIGUSR1 has a no-op handler.
-                    assert_eq!(unsafe { libc::pthread_kill(thread, libc::SIGUSR1) }, 0);
+                    assert_eq!(unsafe { libc::pthread_kill(thread as libc::pthread_t, libc::SIGUSR1) }, 0);
                     signals += 1;
                 }
                 std::thread::sleep(self.signal_interval);
