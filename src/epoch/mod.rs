@@ -105,7 +105,7 @@
 mod atomic;
 mod bag;
 mod collector;
-pub(crate) mod default;
+mod default;
 mod deferred;
 mod guard;
 pub(crate) mod internal;

@@ -99,16 +99,9 @@
 //!
 //! # fork
 //!
-//! Registered caches (every cache but the ones umem's global heap makes for itself) are
-//! fork-safe, as libumem's are: umem's
-//! `pthread_atfork` handlers take the registry lock, each registered cache's
-//! reconfiguration and slab locks, and their region managers' locks (the Refcache's too)
-//! before the process is copied, and release them in the parent and in the child, so a
-//! child never inherits a lock held by a thread it does not have. In the child the
-//! caches work as in the parent; the background reaper and Refcache ticker threads are
-//! not copied (memory still goes back through explicit reaps and callers' slow paths).
-//! The global heap's own caches are kept out of the registry and handled by the same
-//! handlers, with the heap.
+//! Object caches made by users are not yet protected across `fork`: a child forked
+//! while another thread is inside one of their locks may inherit that lock held. The
+//! global heap's own caches are (see [`global`](super::global)).
 //!
 //! # Invariants
 //!
@@ -686,7 +679,9 @@ impl ObjectCache {
     /// Takes the cache's locks (reconfiguration, then slab) without a scope, for the
     /// global allocator's `fork` handlers.
     pub(crate) fn fork_lock(&self) {
-        self.inner().fork_lock();
+        let inner = self.inner();
+        inner.cpu.fork_lock();
+        inner.shared.slab.fork_lock();
     }
 
     /// Releases what [`fork_lock`](Self::fork_lock) took.
@@ -694,8 +689,10 @@ impl ObjectCache {
     /// # Safety
     /// As `Regions::fork_unlock`.
     pub(crate) unsafe fn fork_unlock(&self) {
+        let inner = self.inner();
         // SAFETY: the caller's contract.
-        unsafe { self.inner().fork_unlock() };
+        unsafe { inner.shared.slab.fork_unlock() };
+        inner.cpu.fork_unlock();
     }
 
     /// Panics if a layer's invariants fail (quiescent use only: tests).
@@ -845,28 +842,6 @@ impl Inner {
         result
     }
 
-    /// [`ObjectCache::fork_lock`]: reconfiguration (and, in locked mode, every slot),
-    /// then the slab lock, the order in which reaping nests them.
-    fn fork_lock(&self) {
-        self.cpu.fork_lock();
-        self.shared.slab.fork_lock();
-    }
-
-    /// [`ObjectCache::fork_unlock`].
-    ///
-    /// # Safety
-    /// As `Regions::fork_unlock`.
-    unsafe fn fork_unlock(&self) {
-        // SAFETY: the caller's contract.
-        unsafe { self.shared.slab.fork_unlock() };
-        self.cpu.fork_unlock();
-    }
-
-    /// The region manager the cache's slabs come from.
-    fn regions(&self) -> &'static Regions {
-        self.regions
-    }
-
     /// A sink for the magazine layer's drains: each round leaves the cache.
     fn sink(&self) -> impl FnMut(NonNull<u8>) + '_ {
         |round| {
@@ -992,23 +967,6 @@ impl fmt::Debug for ObjectCache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ObjectCache").field("name", &self.inner().name).field("stats", &self.stats()).finish()
     }
-}
-
-/// The `fork` prepare step for registered caches (see `umem::fork`).
-#[cfg(not(scalemem_loom))]
-pub(crate) fn fork_lock_registered() {
-    registry::fork_lock();
-}
-
-/// Releases what [`fork_lock_registered`] took.
-///
-/// # Safety
-/// `fork_lock_registered` ran (here, or in the parent before the `fork` that made this
-/// process) and nothing released its locks since.
-#[cfg(not(scalemem_loom))]
-pub(crate) unsafe fn fork_unlock_registered() {
-    // SAFETY: the caller's contract.
-    unsafe { registry::fork_unlock() };
 }
 
 /// Counters summed over every live cache, and the default region manager's (if made).

@@ -341,10 +341,6 @@ fn heap() -> Option<&'static Heap> {
 #[cold]
 #[inline(never)]
 fn make_heap() -> Option<&'static Heap> {
-    // Before INIT: a fork in another thread holds glibc's handler lock while its prepare
-    // handler waits for INIT. The registration allocates: the guard (set by our caller)
-    // sends that to the bootstrap arena.
-    super::fork::register();
     INIT.lock();
     // Acquire/Relaxed: under INIT, which orders the maker's writes before ours.
     let h = HEAP.load(Ordering::Acquire);
@@ -360,6 +356,10 @@ fn make_heap() -> Option<&'static Heap> {
                 HEAP.store(heap.cast_mut(), Ordering::Release);
                 // SAFETY: just initialised and published; never unmapped.
                 let heap = unsafe { &*heap };
+                // glibc's `__register_atfork` allocates: the guard sends it to the
+                // bootstrap arena. Registered once, after the heap is published.
+                // SAFETY: the handlers are `extern "C"` functions that do not unwind.
+                unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
                 Some(heap)
             }
             None => None,
@@ -949,9 +949,7 @@ pub fn assert_valid() {
 // ---------------------------------------------------------------------------------------
 // fork.
 
-/// The global heap's part of umem's `fork` prepare handler (`umem::fork`, which also
-/// takes the registered caches' locks before it, and the magazine pool's after).
-pub(super) fn fork_lock() {
+extern "C" fn fork_prepare() {
     INIT.lock();
     if let Some(heap) = heap_if_made() {
         heap.maint.lock();
@@ -961,18 +959,17 @@ pub(super) fn fork_lock() {
         }
         heap.regions.fork_lock();
         heap.large.fork_lock();
+        // Last: magazines are made and freed outside every lock above, and nothing is
+        // taken while the pool's lock is held.
+        super::magazine::fork_lock();
     }
 }
 
-/// Releases what [`fork_lock`] took (in the parent, and in the child, whose guard is
-/// clear: fork is not called from inside an allocation).
-///
-/// # Safety
-/// `fork_lock` ran before the fork, on this thread (in the child: the thread that
-/// forked), and nothing released its locks since.
-pub(super) unsafe fn fork_unlock() {
+fn fork_release() {
     if let Some(heap) = heap_if_made() {
-        // SAFETY: the caller's contract.
+        super::magazine::fork_unlock();
+        // SAFETY: `fork_prepare` took these locks before the fork, on this thread (in
+        // the child: the thread that forked), and nobody released them since.
         unsafe {
             heap.large.fork_unlock();
             heap.regions.fork_unlock();
@@ -984,6 +981,17 @@ pub(super) unsafe fn fork_unlock() {
         heap.maint.unlock();
     }
     INIT.unlock();
+}
+
+extern "C" fn fork_parent() {
+    fork_release();
+}
+
+extern "C" fn fork_child() {
+    // The child is single-threaded: whoever was inside the heap in the parent is gone,
+    // and so is every guard but ours (which is clear: fork is not called from inside an
+    // allocation).
+    fork_release();
 }
 
 // ---------------------------------------------------------------------------------------

@@ -494,11 +494,7 @@ impl Regions {
     /// Takes the manager's lock without a scope, for `fork` (the prepare handler); the
     /// parent and the child each release it with [`fork_unlock`](Self::fork_unlock).
     pub(crate) fn fork_lock(&self) {
-        let inner = self.inner();
-        // The Refcache's locks first: nobody waits on them (see `Domain::fork_lock`).
-        #[cfg(not(scalemem_loom))]
-        inner.refcache.fork_lock();
-        inner.shared.force_lock();
+        self.inner().shared.force_lock();
     }
 
     /// Releases what [`fork_lock`](Self::fork_lock) took.
@@ -507,13 +503,8 @@ impl Regions {
     /// The lock was taken by `fork_lock` in this process (or in the parent, before the
     /// `fork` that made this process) and not released since.
     pub(crate) unsafe fn fork_unlock(&self) {
-        let inner = self.inner();
-        // SAFETY: the caller's contract (`fork_lock` took both).
-        unsafe {
-            inner.shared.force_unlock();
-            #[cfg(not(scalemem_loom))]
-            inner.refcache.fork_unlock();
-        }
+        // SAFETY: the caller's contract.
+        unsafe { self.inner().shared.force_unlock() };
     }
 
     /// Hands out a run of `pages` pages (`1 ..= USABLE_PAGES`). `init` runs under the
