@@ -339,28 +339,9 @@ fn fork_while_threads_allocate() {
             // SAFETY: ends the child without running the parent's atexit handlers.
             unsafe { libc::_exit(if ok { 0 } else { 1 }) };
         }
-        // A child that inherited a lock held by a thread that does not exist in it
-        // hangs: give it 30 s, then kill it and fail.
-        let mut status = 0;
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        loop {
-            // SAFETY: polls our child.
-            let waited = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-            if waited == pid {
-                break;
-            }
-            assert_eq!(waited, 0, "waitpid failed");
-            if std::time::Instant::now() > deadline {
-                // SAFETY: our child; reaped below.
-                unsafe {
-                    libc::kill(pid, libc::SIGKILL);
-                    libc::waitpid(pid, &mut status, 0);
-                }
-                panic!("child {round} hung after fork (a lock held across fork?)");
-            }
-            thread::sleep(std::time::Duration::from_millis(1));
-        }
-        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child {round}: status {status}");
+        // A child that inherited a lock held by a thread it does not have hangs:
+        // `wait_child` gives it 30 s, then kills it and fails.
+        assert_eq!(common::wait_child(pid, &format!("child {round}")), 0, "child {round} failed");
     }
     stop.store(true, Ordering::Relaxed);
     for w in workers {
