@@ -779,7 +779,12 @@ proptest! {
             unsafe { p.cast::<u64>().write(0) };
             d2.fetch_add(1, SeqCst);
         });
-        let regions = Box::leak(Box::new(scalemem::umem::region::Regions::new().unwrap()));
+        // One set of regions for every case, reachable from a static: a fresh leaked one per
+        // case would be reported by LeakSanitizer (and would leak its arenas' address space).
+        static REGIONS: std::sync::OnceLock<&'static scalemem::umem::region::Regions> =
+            std::sync::OnceLock::new();
+        let regions =
+            *REGIONS.get_or_init(|| Box::leak(Box::new(scalemem::umem::region::Regions::new().unwrap())));
         let config = Config { reaper: false, ..Config::default() };
         let cache = ObjectCache::new_in(regions, "model", size, 8, Some(ctor), Some(dtor), config).unwrap();
         // Live objects: address -> payload byte the user last wrote (0xC7 when fresh).
