@@ -1,10 +1,58 @@
-//! Memory from the kernel: anonymous `mmap`/`munmap` through `rustix` (raw syscalls, so
-//! never libc's `malloc`). Everything in the crate that needs memory outside the global
-//! allocator (per-CPU arrays, epoch records and bags) takes it from here.
+//! Memory from the kernel: anonymous `mmap`/`munmap` through `rustix` (libc's syscall
+//! wrappers, never libc's `malloc`; each call keeps `errno`, see [`KeepErrno`]).
+//! Everything in the crate that needs memory outside the global allocator (per-CPU
+//! arrays, epoch records and bags) takes it from here.
 
 use core::ptr::NonNull;
 
 use crate::util::AllocError;
+
+/// Keeps the calling thread's `errno` across the system calls made while it lives.
+///
+/// rustix runs on libc here (its `use-libc` backend: the raw backend crashes under
+/// valgrind), so a refused `mmap`, an `EAGAIN` from `futex` or a refused `membarrier`
+/// writes `errno` as a side effect. The allocator behind `malloc` must not: a C caller
+/// may read `errno` after a successful `malloc` or `free` (POSIX 2024 requires `free` to
+/// keep it), and `posix_memalign` reports errors only through its return value. So every
+/// system call the crate makes runs under one of these, and the C entry points set
+/// `errno` themselves where the standard says so. Costs one `__errno_location` call and
+/// a load at creation, a store when dropped: nothing next to a system call.
+#[cfg(not(scalemem_loom))]
+pub(crate) struct KeepErrno {
+    #[cfg(target_os = "linux")]
+    saved: core::ffi::c_int,
+}
+
+#[cfg(not(scalemem_loom))]
+impl KeepErrno {
+    /// Saves the current `errno`.
+    #[inline]
+    pub(crate) fn new() -> Self {
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: `__errno_location` returns this thread's errno, valid for the
+            // thread's life.
+            Self { saved: unsafe { *libc::__errno_location() } }
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            Self {}
+        }
+    }
+}
+
+#[cfg(not(scalemem_loom))]
+impl Drop for KeepErrno {
+    #[inline]
+    fn drop(&mut self) {
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: as in `new`; the guard is `!Send` in effect (it is never moved to
+            // another thread: every use is a local around a call on this thread).
+            unsafe { *libc::__errno_location() = self.saved };
+        }
+    }
+}
 
 /// The system page size.
 #[inline]
@@ -22,6 +70,7 @@ pub(crate) fn page_round(len: usize) -> Option<usize> {
 /// Maps `len` bytes (rounded up to pages) of zeroed, private, read-write memory.
 #[cfg(not(scalemem_loom))]
 pub(crate) fn map(len: usize) -> Result<NonNull<u8>, AllocError> {
+    let _errno = KeepErrno::new();
     let len = page_round(len.max(1)).ok_or(AllocError)?;
     // SAFETY: an anonymous private mapping at an address of the kernel's choosing aliases
     // nothing; `len` is non-zero and page-rounded.
@@ -72,6 +121,7 @@ pub(crate) unsafe fn unmap(ptr: NonNull<u8>, len: usize) {
 /// 2. Nothing refers to the memory any more.
 #[cfg(not(scalemem_loom))]
 pub(crate) unsafe fn unmap(ptr: NonNull<u8>, len: usize) {
+    let _errno = KeepErrno::new();
     let len = page_round(len.max(1)).expect("length was accepted by map");
     lsan::unregister(ptr, len);
     // SAFETY: (1) the range is a whole mapping of ours; (2) nothing uses it.
@@ -87,6 +137,7 @@ pub(crate) unsafe fn unmap(ptr: NonNull<u8>, len: usize) {
 /// mapped. Free it with [`unmap_aligned`].
 #[cfg(not(scalemem_loom))]
 pub(crate) fn map_aligned(len: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
+    let _errno = KeepErrno::new();
     let page = page_size();
     if len == 0 || !len.is_multiple_of(page) || !align.is_power_of_two() || align < page {
         return Err(AllocError);
@@ -163,6 +214,7 @@ pub(crate) unsafe fn unmap_aligned(ptr: NonNull<u8>, len: usize, align: usize) {
 /// 2. Nothing needs its contents any more.
 #[cfg(not(scalemem_loom))]
 pub(crate) unsafe fn dontneed(ptr: NonNull<u8>, len: usize) -> bool {
+    let _errno = KeepErrno::new();
     // SAFETY: (1) our own mapping, page-aligned; (2) the contents are dead.
     unsafe { rustix::mm::madvise(ptr.as_ptr().cast(), len, rustix::mm::Advice::LinuxDontNeed) }.is_ok()
 }
@@ -226,5 +278,51 @@ mod lsan {
         unsafe {
             __lsan_unregister_root_region(_ptr.as_ptr().cast(), _len)
         };
+    }
+}
+
+#[cfg(all(test, target_os = "linux", not(scalemem_loom)))]
+mod errno_tests {
+    use core::ptr::NonNull;
+
+    const SENTINEL: i32 = 12345;
+
+    fn set_errno(value: i32) {
+        // SAFETY: this thread's errno.
+        unsafe { *libc::__errno_location() = value };
+    }
+
+    fn errno() -> i32 {
+        // SAFETY: this thread's errno.
+        unsafe { *libc::__errno_location() }
+    }
+
+    #[test]
+    fn failed_system_calls_keep_errno() {
+        // A refused mmap (more address space than x86-64 user space has).
+        set_errno(SENTINEL);
+        assert!(super::map(1 << 60).is_err());
+        assert_eq!(errno(), SENTINEL, "a refused map changed errno");
+        assert!(super::map_aligned(1 << 59, 1 << 59).is_err());
+        assert_eq!(errno(), SENTINEL, "a refused aligned map changed errno");
+        // A refused madvise (a range that is not mapped: the page at address 4096).
+        let unmapped = NonNull::new(super::page_size() as *mut u8).unwrap();
+        // SAFETY: nothing of ours lives at that page; the kernel refuses or ignores it.
+        let _ = unsafe { super::dontneed(unmapped, super::page_size()) };
+        assert_eq!(errno(), SENTINEL, "madvise changed errno");
+        // A futex wait whose word has moved on returns EAGAIN at once.
+        let word = crate::sync::Futex::new(1);
+        word.wait(0);
+        word.wake_one();
+        word.wake_all();
+        assert_eq!(errno(), SENTINEL, "futex changed errno");
+        crate::cpu::fence::heavy();
+        let _ = crate::cpu::fence::heavy_rseq();
+        assert_eq!(errno(), SENTINEL, "membarrier changed errno");
+        // A successful map and unmap leave it too.
+        let p = super::map(1).unwrap();
+        // SAFETY: just mapped with this length; unused.
+        unsafe { super::unmap(p, 1) };
+        assert_eq!(errno(), SENTINEL);
     }
 }

@@ -138,16 +138,19 @@ mod futex_imp {
         /// spuriously.
         pub(crate) fn wait(&self, expected: u32) {
             // EAGAIN (the word changed) and EINTR both mean "re-check": ignore the result.
+            let _errno = crate::os::KeepErrno::new();
             let _ = futex::wait(&self.0, futex::Flags::PRIVATE, expected, None);
         }
 
         /// Wakes one thread sleeping in [`wait`](Self::wait) on this word.
         pub(crate) fn wake_one(&self) {
+            let _errno = crate::os::KeepErrno::new();
             let _ = futex::wake(&self.0, futex::Flags::PRIVATE, 1);
         }
 
         /// Wakes every thread sleeping in [`wait`](Self::wait) on this word.
         pub(crate) fn wake_all(&self) {
+            let _errno = crate::os::KeepErrno::new();
             let _ = futex::wake(&self.0, futex::Flags::PRIVATE, i32::MAX as u32);
         }
     }

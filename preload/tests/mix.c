@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -53,6 +54,8 @@ static void (*p_free_aligned_sized)(void *, size_t, size_t);
 
 static atomic_int failures;
 static int strict; /* MIX_EXPECT=scalemem */
+/* errno, read and written as volatile (see the errno checks in the single-thread part). */
+#define ERRNO (*(volatile int *)&errno)
 static long page;
 
 #define CHECK(cond, ...)                                                                       \
@@ -184,6 +187,41 @@ static void corner_cases(void) {
     p = NULL;
     CHECK(posix_memalign(&p, 32, 0) == 0, "posix_memalign(32, 0)");
     free(p);
+    /* Ours keeps errno through calls that succeed and through posix_memalign, even when
+     * the kernel refuses a mapping (glibc may set it). The refusal is made certain in a
+     * child whose address space is capped just above what it maps already. errno goes
+     * through a volatile lvalue: GCC assumes the allocation built-ins leave errno alone
+     * and would fold these checks away. */
+    if (strict) {
+        ERRNO = 12345;
+        p = malloc(100);
+        free(p);
+        CHECK(ERRNO == 12345, "malloc + free changed errno to %d", ERRNO);
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            struct rlimit cap = {0, RLIM_INFINITY};
+            FILE *statm = fopen("/proc/self/statm", "r");
+            unsigned long pages = 0;
+            if (!statm || fscanf(statm, "%lu", &pages) != 1) _exit(3);
+            fclose(statm);
+            cap.rlim_cur = (pages + 256) * (rlim_t)sysconf(_SC_PAGESIZE);
+            if (setrlimit(RLIMIT_AS, &cap) != 0) _exit(3);
+            ERRNO = 12345;
+            void *q = sentinel;
+            int r = posix_memalign(&q, 4096, (size_t)1 << 30);
+            if (r != ENOMEM || q != sentinel) _exit(4);
+            if (ERRNO != 12345) _exit(5);
+            ERRNO = 0;
+            if (malloc((size_t)1 << 30) != NULL || ERRNO != ENOMEM) _exit(6);
+            _exit(0);
+        }
+        int status = 0;
+        CHECK(pid > 0 && waitpid(pid, &status, 0) == pid, "fork for the errno check");
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "refused mapping: child status %#x (4: posix_memalign result, 5: errno changed, "
+              "6: malloc not null/ENOMEM)", status);
+    }
 
     /* memalign rounds a non-power-of-two alignment up; a huge one is EINVAL. */
     static const size_t odd[][2] = {{0, 1}, {1, 1}, {3, 4}, {24, 32}, {48, 64}, {100, 128}, {1000, 1024},

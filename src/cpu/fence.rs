@@ -156,6 +156,7 @@ pub fn heavy() {
         // visible here (see MODE); the Relaxed load below is then exact.
         let _ = mode();
         if REGISTERED.load(Ordering::Relaxed) {
+            let _errno = crate::os::KeepErrno::new();
             let result = rustix::thread::membarrier(rustix::thread::MembarrierCommand::PrivateExpedited);
             // Registered commands cannot fail; if the kernel disagrees, stop relying on it.
             if result.is_err() {
@@ -191,6 +192,7 @@ pub fn heavy_rseq() -> bool {
         if REGISTERED_RSEQ.load(Ordering::Relaxed) {
             fence(Ordering::SeqCst);
             let cmd = rustix::thread::MembarrierCommand::PrivateExpeditedRseq;
+            let _errno = crate::os::KeepErrno::new();
             if rustix::thread::membarrier(cmd).is_ok() {
                 fence(Ordering::SeqCst);
                 return true;
@@ -208,6 +210,7 @@ pub fn heavy_rseq() -> bool {
 #[inline(never)]
 fn init_slow() -> Mode {
     use rustix::thread::{MembarrierCommand, membarrier};
+    let _errno = crate::os::KeepErrno::new();
     let forced = matches!(crate::os::getenv(b"SCALEMEM_FENCE\0"), Some(b"symmetric"));
     let registered = membarrier(MembarrierCommand::RegisterPrivateExpedited).is_ok();
     if registered {

@@ -180,6 +180,7 @@ pub fn possible() -> usize {
 #[cfg(not(scalemem_loom))]
 #[cold]
 fn possible_slow() -> usize {
+    let _errno = crate::os::KeepErrno::new();
     if let Some(n) = read_possible_mask() {
         return n;
     }
