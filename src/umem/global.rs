@@ -324,6 +324,8 @@ static HEAP: AtomicPtr<Heap> = AtomicPtr::new(ptr::null_mut());
 /// Serialises making the heap (and is held across `fork`, so a child never inherits a
 /// half-made heap).
 static INIT: SpinLock = SpinLock::new();
+/// Whether the fork handlers are registered (see `make_heap`).
+static AT_FORK: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
 
 /// The heap, making it on first use; `None` if the kernel refused memory for it.
 /// Called with the guard set, so what making it allocates goes to the bootstrap arena.
@@ -341,6 +343,18 @@ fn heap() -> Option<&'static Heap> {
 #[cold]
 #[inline(never)]
 fn make_heap() -> Option<&'static Heap> {
+    // The fork handlers are registered before INIT is taken, never under it: glibc's
+    // `__register_atfork` takes glibc's atfork lock, and a thread inside `fork` holds
+    // that lock while the prepare handlers run, one of which (ours, or another
+    // library's that allocates) may wait for INIT: registering under INIT could
+    // deadlock against such a fork. Registering first is harmless: `fork_prepare` takes
+    // INIT and copes with a heap not made yet. The registration allocates, and the
+    // guard sends that to the bootstrap arena.
+    // Relaxed: only "exactly once" matters; the handlers read nothing published here.
+    if !AT_FORK.swap(true, Ordering::Relaxed) {
+        // SAFETY: the handlers are `extern "C"` functions that do not unwind.
+        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+    }
     INIT.lock();
     // Acquire/Relaxed: under INIT, which orders the maker's writes before ours.
     let h = HEAP.load(Ordering::Acquire);
@@ -355,12 +369,7 @@ fn make_heap() -> Option<&'static Heap> {
                 // Release: pairs with the Acquire loads in `heap`.
                 HEAP.store(heap.cast_mut(), Ordering::Release);
                 // SAFETY: just initialised and published; never unmapped.
-                let heap = unsafe { &*heap };
-                // glibc's `__register_atfork` allocates: the guard sends it to the
-                // bootstrap arena. Registered once, after the heap is published.
-                // SAFETY: the handlers are `extern "C"` functions that do not unwind.
-                unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
-                Some(heap)
+                Some(unsafe { &*heap })
             }
             None => None,
         }
