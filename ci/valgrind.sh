@@ -13,7 +13,15 @@ command -v valgrind >/dev/null || {
 examples=(object_cache refcounted_object rmlock_config treiber_stack)
 cargo build --release $(printf -- '--example %s ' "${examples[@]}")
 for e in "${examples[@]}"; do
-    valgrind -q --error-exitcode=99 "target/release/examples/$e" >/dev/null
+    # --fair-sched=yes: valgrind runs one thread at a time, and its default lock hand-off
+    # lets a spinning thread (refcounted_object's workers spin on tryget_live until the
+    # owner kills the ref) take the lock back again and again while the thread that
+    # would end the spin starves; one CI run hung that way inside pthread_create. The
+    # timeout turns any other hang into a failure that names the example.
+    if ! timeout 600 valgrind -q --fair-sched=yes --error-exitcode=99 "target/release/examples/$e" >/dev/null; then
+        echo "valgrind: $e: FAILED (an error reported, a crash, or no end within 600 s)"
+        exit 1
+    fi
     echo "valgrind: $e: no errors"
 done
 if [[ -n ${CI_SUMMARY:-} ]]; then
