@@ -886,6 +886,14 @@ impl Inner {
         if self.is_dead() {
             return 0;
         }
+        // Decay: intervals without slab traffic. Traffic is what users caused since the
+        // last update, so the misses are read before this update's own reap, whose
+        // drains go through `to_slab` and count as misses: read after it, an update
+        // that reaped anything would always look busy, and a reap that takes several
+        // intervals to empty the depot would keep the decay from ever running (the
+        // cache then kept `max_empty` empty slabs, and their region, for good).
+        // Relaxed: statistics; concurrent updates at worst count an interval twice.
+        let misses = self.misses.load(Ordering::Relaxed) & 0xFFFF_FFFF;
         let mut count = 0;
         let mut sink = self.sink();
         let mut counted = |round| {
@@ -894,10 +902,7 @@ impl Inner {
         };
         self.cpu.update(&mut counted);
         self.cpu.reap(&mut counted);
-        // Decay: intervals without slab traffic. Relaxed: statistics; concurrent
-        // updates at worst count an interval twice.
         // The word packs (idle intervals << 32 | low 32 bits of the misses seen).
-        let misses = self.misses.load(Ordering::Relaxed) & 0xFFFF_FFFF;
         let word = self.decay.load(Ordering::Relaxed);
         let (seen, idle) = (word & 0xFFFF_FFFF, word >> 32);
         let idle = if seen == misses { idle + 1 } else { 0 };
@@ -909,7 +914,8 @@ impl Inner {
         }
         // The magazines freed by this and earlier intervals give their pages back.
         super::magazine::trim();
-        // Re-read the misses: the decay's own drain is not traffic.
+        // Re-read the misses: this update's reap and the decay's drain are not traffic.
+        // (User traffic that lands while this update runs is missed for one interval.)
         let misses = self.misses.load(Ordering::Relaxed) & 0xFFFF_FFFF;
         self.decay.store(idle << 32 | misses, Ordering::Relaxed);
         count
