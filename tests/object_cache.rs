@@ -647,14 +647,13 @@ fn stress_rss_returns_after_decay() {
     const SIZE: usize = 1024;
     let regions = manual(0);
     let config = Config { decay_intervals: 2, ..config() };
-    let cache = Arc::new(ObjectCache::new_in(regions, "rss", SIZE, 8, None, None, config).unwrap());
+    let cache = ObjectCache::new_in(regions, "rss", SIZE, 8, None, None, config).unwrap();
     // Two rounds, on the same 16 threads: in each, every thread fills HOLD objects
     // (every byte written), the main thread reads the RSS at the peak, then every thread
     // frees its objects; between rounds the main thread runs the decay while the
     // workers wait. The threads live through both rounds so that their stacks (and
-    // what glibc keeps for them) are in the baseline: fresh threads for the second
-    // round reused cached stacks whose touched pages differed from the first round's,
-    // which moved the process RSS by up to a megabyte that is not the cache's.
+    // what glibc keeps for them) are already in the baseline, as the one warm-up round
+    // intends, instead of depending on which cached stacks fresh threads reuse.
     const ROUNDS: usize = 2;
     let barrier = Barrier::new(THREADS + 1);
     let decay = || {
