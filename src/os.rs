@@ -47,8 +47,8 @@ impl Drop for KeepErrno {
     fn drop(&mut self) {
         #[cfg(target_os = "linux")]
         {
-            // SAFETY: as in `new`; the guard is `!Send` in effect (it is never moved to
-            // another thread: every use is a local around a call on this thread).
+            // SAFETY: as in `new`: the calling thread's errno. (Every guard is a local
+            // dropped on the thread that made it, so this restores that thread's value.)
             unsafe { *libc::__errno_location() = self.saved };
         }
     }
