@@ -113,6 +113,21 @@ pub(crate) fn rseq_area() -> Option<*mut u8> {
     (cpu < 0x8000_0000).then_some(area)
 }
 
+/// This thread's rseq area without the checks of [`rseq_area`]: see
+/// `rseq::thread_area_unchecked`, the only caller.
+#[cfg(all(not(scalemem_loom), target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
+#[inline]
+pub(crate) fn rseq_area_unchecked() -> *mut u8 {
+    let tp: *mut u8;
+    // SAFETY: as in rseq_area.
+    unsafe {
+        core::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp, options(nostack, readonly, preserves_flags, pure));
+    }
+    // SAFETY: the caller saw rseq_enabled() (its contract), so glibc placed a struct rseq
+    // at thread pointer + __rseq_offset in every thread's TCB (see rseq_area).
+    unsafe { tp.offset(__rseq_offset) }
+}
+
 /// The address of this thread's rseq area: never available on this target.
 #[cfg(all(not(scalemem_loom), not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))))]
 #[inline]

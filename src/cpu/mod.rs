@@ -30,4 +30,4 @@ pub use percpu::PerCpu;
 pub use stack::PerCpuStack;
 
 #[cfg(not(scalemem_loom))]
-pub(crate) use id::{rseq_abi, rseq_area};
+pub(crate) use id::{rseq_abi, rseq_area, rseq_area_unchecked};

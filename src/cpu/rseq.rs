@@ -84,7 +84,14 @@
 //!   control block, so it outlives any call on that thread. Passing another thread's
 //!   area would be wrong: the kernel only watches the registered area of the running
 //!   thread. Every function here therefore takes the area as an argument that must come
-//!   from [`thread_area`] on the calling thread, in the same call chain.
+//!   from [`thread_area`] on the calling thread, in the same call chain. Inside the
+//!   crate, hot paths that chose rseq at construction use `thread_area_unchecked`
+//!   instead, which skips the registration check: the address is this thread's area
+//!   whether or not the kernel watches it, and an unwatched area's `cpu_id` is
+//!   `u32::MAX` (glibc's initial value, and what the kernel writes when the thread
+//!   unregisters at exit) or `u32::MAX - 1` (registration failed). Every section compares
+//!   the CPU number with `ncpus` right after arming and fails before any other write; the
+//!   arming store itself is harmless in an area the kernel ignores.
 //! - **Signals**: a signal handler that runs its own critical section arms `rseq_cs`
 //!   itself; the interrupted section had already been redirected to its abort handler,
 //!   which re-arms. Nesting is therefore safe.
@@ -156,6 +163,24 @@ pub fn thread_area() -> Option<*mut u8> {
     }
 }
 
+/// This thread's rseq area without [`thread_area`]'s checks, for the crate's hot paths
+/// (the checks cost as much as a section): for callers that decided on rseq after
+/// seeing [`rseq_enabled`](super::rseq_enabled) (a per-process decision that never
+/// changes) and pass the area only to the sections of this module, which reject a
+/// thread whose registration failed or is over (see "The area is valid" above). Null
+/// where there are no sections (their stand-ins ignore the area).
+#[inline]
+pub(crate) fn thread_area_unchecked() -> *mut u8 {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom)))]
+    {
+        super::rseq_area_unchecked()
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom))))]
+    {
+        core::ptr::null_mut()
+    }
+}
+
 #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom)))]
 pub use x86_64::{add, pop, push};
 
@@ -174,7 +199,8 @@ mod x86_64 {
     /// `add qword ptr [..], reg`; the sum wraps on overflow.
     ///
     /// # Safety
-    /// 1. `area` was returned by [`thread_area`](super::thread_area) on the calling thread.
+    /// 1. `area` was returned by [`thread_area`](super::thread_area) on the calling thread
+    ///    (or, inside the crate, by `thread_area_unchecked` there; see the module doc).
     /// 2. For every `cpu < ncpus`, `word0.byte_add(cpu * stride)` is valid for reads and
     ///    writes of an 8-byte-aligned `isize` for the duration of the call, and the
     ///    product does not overflow.
@@ -260,7 +286,8 @@ mod x86_64 {
     /// committed) and commits by storing `len + 1`.
     ///
     /// # Safety
-    /// 1. `area` was returned by [`thread_area`](super::thread_area) on the calling thread.
+    /// 1. `area` was returned by [`thread_area`](super::thread_area) on the calling thread
+    ///    (or, inside the crate, by `thread_area_unchecked` there; see the module doc).
     /// 2. For every `cpu < ncpus` there is a valid, 8-byte-aligned header of that layout
     ///    with `cap` slots at `header0.byte_add(cpu * stride)`, readable and writable for
     ///    the duration of the call, with `len <= cap`.
@@ -546,7 +573,8 @@ mod x86_64_conditional {
     /// below `ncpus`.
     ///
     /// # Safety
-    /// 1. `area` was returned by [`thread_area`](super::thread_area) on the calling thread.
+    /// 1. `area` was returned by [`thread_area`](super::thread_area) on the calling thread
+    ///    (or, inside the crate, by `thread_area_unchecked` there; see the module doc).
     /// 2. `flags` is valid for 8-byte-aligned reads for the duration of the call (other
     ///    threads may write it with atomics at any time).
     /// 3. For every `cpu < ncpus`, `word0.byte_add(cpu * stride)` is valid for reads and
@@ -647,7 +675,8 @@ mod x86_64_conditional {
     /// changed nothing.
     ///
     /// # Safety
-    /// 1. `area` was returned by [`thread_area`](super::thread_area) on the calling thread.
+    /// 1. `area` was returned by [`thread_area`](super::thread_area) on the calling thread
+    ///    (or, inside the crate, by `thread_area_unchecked` there; see the module doc).
     /// 2. For every `cpu < ncpus`, the block at `base.byte_add(cpu * stride)` is valid for
     ///    8-byte-aligned reads of its lock word and of the key word at `key_off`, and for
     ///    reads and writes of the delta word at `key_off + 8`, for the duration of the
@@ -747,7 +776,8 @@ mod x86_64_conditional {
     /// and releases it with an atomic store of zero.
     ///
     /// # Safety
-    /// 1. `area` was returned by [`thread_area`](super::thread_area) on the calling thread.
+    /// 1. `area` was returned by [`thread_area`](super::thread_area) on the calling thread
+    ///    (or, inside the crate, by `thread_area_unchecked` there; see the module doc).
     /// 2. For every `cpu < ncpus`, `base.byte_add(cpu * stride)` is valid for reads and
     ///    writes of an 8-byte-aligned `usize` for the duration of the call, and the
     ///    product does not overflow.
@@ -1015,7 +1045,8 @@ mod x86_64_magazine {
     /// not below `ncpus`.
     ///
     /// # Safety
-    /// 1. `area` was returned by [`thread_area`](super::thread_area) on the calling thread.
+    /// 1. `area` was returned by [`thread_area`](super::thread_area) on the calling thread
+    ///    (or, inside the crate, by `thread_area_unchecked` there; see the module doc).
     /// 2. For every `cpu < ncpus`, `base.byte_add(cpu * stride)` is a valid, 8-byte-aligned
     ///    magazine slot (layout of [`mag_layout`](super::mag_layout)) for the duration of
     ///    the call, and the product does not overflow; whenever its state word says

@@ -79,12 +79,16 @@ pub(crate) fn usable() -> bool {
     }
 }
 
-/// This thread's [`Area`], if it may run sections (see the module documentation).
+/// This thread's [`Area`] (see the module documentation). Call only in a structure built
+/// while [`usable`] was true. Outside loom the answer is always `Some`: on a thread
+/// whose rseq registration failed or is over every section fails (see
+/// [`rseq::thread_area_unchecked`]) and the caller takes its fallback.
 #[inline]
 pub(crate) fn area() -> Option<Area> {
     #[cfg(not(scalemem_loom))]
     {
-        rseq::thread_area().map(|ptr| Area { ptr })
+        // Only domains that saw `usable()` (so rseq_enabled()) call this.
+        Some(Area { ptr: rseq::thread_area_unchecked() })
     }
     #[cfg(scalemem_loom)]
     {

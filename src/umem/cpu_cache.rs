@@ -524,9 +524,12 @@ impl CpuCaches {
     fn pop_round(&self) -> Option<NonNull<u8>> {
         match self.mode {
             Mode::Rseq => {
-                let area = rseq::thread_area()?;
+                // Unchecked: rseq mode was chosen after rseq_enabled(); a thread without
+                // a registration fails the section and takes the slow path.
+                let area = rseq::thread_area_unchecked();
                 let (base, stride, ncpus) = self.slots.raw_parts();
-                // SAFETY: (1) this thread's area, now. (2) `ncpus` initialised slots of
+                // SAFETY: (1) this thread's area, now (unchecked: see the module doc of
+                // cpu::rseq). (2) `ncpus` initialised slots of
                 // the mag_layout layout (checked at compile time) at base + cpu * stride,
                 // alive with &self; a slot's state and magazine words are consistent
                 // whenever no section is mid-flight (every change commits with the state
@@ -541,14 +544,13 @@ impl CpuCaches {
     #[inline]
     fn push_round(&self, round: NonNull<u8>) -> bool {
         match self.mode {
-            Mode::Rseq => match rseq::thread_area() {
-                Some(area) => {
-                    let (base, stride, ncpus) = self.slots.raw_parts();
-                    // SAFETY: as in pop_round.
-                    unsafe { rseq::mag_push(area, base, stride, ncpus, round.as_ptr().cast()) }
-                }
-                None => false,
-            },
+            Mode::Rseq => {
+                // Unchecked: as in pop_round.
+                let area = rseq::thread_area_unchecked();
+                let (base, stride, ncpus) = self.slots.raw_parts();
+                // SAFETY: as in pop_round.
+                unsafe { rseq::mag_push(area, base, stride, ncpus, round.as_ptr().cast()) }
+            }
             Mode::Locked => self.locked(cpu::current(), |slot| slot.push_exclusive(round)).unwrap_or(false),
         }
     }
@@ -559,7 +561,8 @@ impl CpuCaches {
     fn exchange(&self, cpu: usize, expected: State, new: State, item: *mut Magazine) -> Option<*mut Magazine> {
         match self.mode {
             Mode::Rseq => {
-                let area = rseq::thread_area()?;
+                // Unchecked: as in pop_round.
+                let area = rseq::thread_area_unchecked();
                 let (base, stride, ncpus) = self.slots.raw_parts();
                 let store_off = MAGS + 8 * expected.spare();
                 let load_off = MAGS + 8 * expected.prev();
