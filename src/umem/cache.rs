@@ -652,28 +652,16 @@ impl ObjectCache {
         self.inner().stats()
     }
 
-    /// The magazine-hit half of [`alloc`](Self::alloc): a round from this CPU's loaded
-    /// magazine, or `None` (then call `alloc`). Skips the destroyed-flag protocol, so
-    /// only for caches that are never destroyed and not in checking mode (the global
-    /// allocator's size classes).
+    /// This cache's per-CPU layer, for the global allocator's fast paths: a `try_pop`
+    /// there is the magazine-hit half of [`alloc`](Self::alloc), a `try_push` that of
+    /// [`free`](Self::free) (for a live object of this cache, freed once). Both skip the
+    /// destroyed-flag protocol and checking mode, so only for caches that are never
+    /// destroyed and not in checking mode (the global allocator's size classes).
     #[inline]
-    pub(crate) fn alloc_cached(&self) -> Option<NonNull<u8>> {
+    pub(crate) fn cpu_caches(&self) -> &CpuCaches {
         let inner = self.inner();
         debug_assert!(!inner.checking && !inner.is_dead());
-        inner.cpu.try_pop()
-    }
-
-    /// The magazine-hit half of [`free`](Self::free): true if the object went into this
-    /// CPU's loaded magazine; false and nothing done otherwise (then call `free`). Only
-    /// for caches that are never destroyed and not in checking mode.
-    ///
-    /// # Safety
-    /// As [`free`](Self::free).
-    #[inline]
-    pub(crate) unsafe fn free_cached(&self, ptr: NonNull<u8>) -> bool {
-        let inner = self.inner();
-        debug_assert!(!inner.checking && !inner.is_dead());
-        inner.cpu.try_push(ptr)
+        &inner.cpu
     }
 
     /// Takes the cache's locks (reconfiguration, then slab) without a scope, for the

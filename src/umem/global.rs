@@ -94,6 +94,7 @@ use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use super::cache::{Config, ObjectCache};
+use super::cpu_cache::CpuCaches;
 use super::large::{self, LargeConfig, LargeHeap};
 use super::os;
 use super::region::{PAGE, Regions};
@@ -272,6 +273,22 @@ unsafe fn boot_size(ptr: *const u8) -> usize {
 // The heap.
 
 /// The process-wide heap, in its own mapping (never unmapped).
+/// Class `i`'s per-CPU layer (its cache's magazines) once the cache is made, null
+/// before: what the fast paths load first, so that a magazine hit follows one pointer
+/// from a static before its rseq section instead of three (heap, cache handle, cache).
+/// Set once, after `Heap::caches[i]`; the global caches are never destroyed, so an entry
+/// stays valid for the life of the process (in `fork`ed children too).
+static FAST: [AtomicPtr<CpuCaches>; NCLASSES] = [const { AtomicPtr::new(ptr::null_mut()) }; NCLASSES];
+
+/// Class `class`'s per-CPU layer if its cache is made.
+#[inline]
+fn fast(class: ClassIndex) -> Option<&'static CpuCaches> {
+    // Acquire: pairs with the Release store in `make_cache`: the layer is initialised.
+    let cpu = FAST[class.get()].load(Ordering::Acquire);
+    // SAFETY: null, or the layer of a leaked global cache, never destroyed (see FAST).
+    unsafe { cpu.as_ref() }
+}
+
 struct Heap {
     regions: Regions,
     large: LargeHeap,
@@ -451,6 +468,10 @@ impl Heap {
                 c = Box::into_raw(Box::new(cache));
                 // Release: pairs with the Acquire loads in `cache`.
                 self.caches[class.get()].store(c, Ordering::Release);
+                // SAFETY: just leaked, never freed.
+                let cpu = unsafe { &*c }.cpu_caches();
+                // Release: pairs with the Acquire load in `fast`.
+                FAST[class.get()].store(ptr::from_ref(cpu).cast_mut(), Ordering::Release);
             }
         }
         self.create.unlock();
@@ -498,11 +519,12 @@ impl Heap {
     /// `ptr` is a live block of that path, freed once.
     #[inline]
     unsafe fn free_block(&'static self, ptr: NonNull<u8>, class: Option<ClassIndex>) {
+        // A live object of this class's cache, freed once (the caller's); the global
+        // caches are never destroyed and never in checking mode, so a magazine push is
+        // all a free needs.
         if let Some(class) = class
-            && let Some(cache) = self.made_cache(class)
-            // SAFETY: a live object of this cache, freed once (the caller's); the
-            // global caches are never destroyed and never in checking mode.
-            && unsafe { cache.free_cached(ptr) }
+            && let Some(cpu) = fast(class)
+            && cpu.try_push(ptr)
         {
             return;
         }
@@ -643,10 +665,9 @@ pub fn aligned_alloc(align: usize, size: usize) -> *mut u8 {
 /// even re-entrantly); anything else is [`alloc_slow`].
 #[inline]
 fn alloc_block(size: usize, align: usize) -> *mut u8 {
-    if let Some(heap) = heap_if_made()
-        && let Some(class) = class_of(size, align)
-        && let Some(cache) = heap.made_cache(class)
-        && let Some(p) = cache.alloc_cached()
+    if let Some(class) = class_of(size, align)
+        && let Some(cpu) = fast(class)
+        && let Some(p) = cpu.try_pop()
     {
         return p.as_ptr();
     }
