@@ -93,8 +93,8 @@ impl Regions {
         if h.is_null() {
             return None;
         }
-        // SAFETY: a live slab header; its `ident` and its cache's geometry are read-only
-        // while the slab holds an allocated object.
-        unsafe { Some((*(*h).ident.cache).size) }
+        // SAFETY: a live slab header; its `ident` is read-only while the slab holds an
+        // allocated object.
+        unsafe { Some((*h).ident.size) }
     }
 }
