@@ -631,6 +631,36 @@ fn destroy_while_threads_allocate_and_free() {
     }
 }
 
+/// A reap or a decay frees the magazines it drains at once, not over the next pins: the
+/// drained magazines are retired to the epoch collector, which holds each for a grace
+/// period (two advances) and frees a bounded number of bags per collect; before the fix
+/// a reap of thousands of magazines left most of them (and their pool pages: about a
+/// megabyte in the stress below) pending until later pins, so a program that went idle
+/// kept them. Alone in a child process: another test's pinned thread would hold the
+/// epoch back (which is correct, and would make the count below mean nothing).
+#[test]
+fn reap_frees_its_magazines_at_once() {
+    if std::env::var("OBJECT_CACHE_CHILD").as_deref() != Ok("reap") {
+        return common::run_child("reap_frees_its_magazines_at_once", &[("OBJECT_CACHE_CHILD", "reap")]);
+    }
+    let regions = manual(0);
+    // Small magazines: many of them, more than a few collects' worth of bags.
+    let config = Config { magazines: MagConfig { initial_rounds: 3, ..MagConfig::default() }, ..config() };
+    let cache = ObjectCache::new_in(regions, "reap-mags", 64, 8, None, None, config).unwrap();
+    let held: Vec<_> = (0..30_000).map(|_| cache.alloc().unwrap()).collect();
+    for p in held {
+        // SAFETY: from this cache, freed once.
+        unsafe { cache.free(p) }.unwrap();
+    }
+    let stats = cache.stats();
+    assert!(stats.depot_full > 2_000, "the frees did not fill thousands of magazines: {stats:?}");
+    cache.reap();
+    let pending = scalemem::epoch::default_collector().stats().pending;
+    assert_eq!(pending, 0, "retired magazines still wait for the collector after the reap");
+    let stats = cache.stats();
+    assert_eq!((stats.cpu_rounds, stats.depot_full, stats.depot_empty), (0, 0, 0), "{stats:?}");
+}
+
 /// The footprint aim: after a 16-thread stress (more threads than cores) and the
 /// decay interval (driven by hand: `update` for `decay_intervals + 1` intervals, then
 /// Refcache ticks), the process's RSS is back within 10% of where it started. RSS is

@@ -111,6 +111,36 @@ impl Collector {
         CollectorStats { epoch: self.epoch(), advances: self.advances(), records, threads, pending }
     }
 
+    /// Drives the collector through whole grace periods, freeing what expires, until
+    /// nothing sealed is pending, or a round frees nothing and the epoch cannot advance,
+    /// or `rounds` advances have been tried. For callers that have just retired a large
+    /// batch (umem's reap and decay) and must give its memory back now rather than over
+    /// the next pins: each collect frees a bounded number of bags, and what was retired
+    /// in the current epoch needs two advances. Seal the caller's own garbage first
+    /// (`pin().flush()`), and call this unpinned, or the caller's pin holds the second
+    /// advance back. Runs deferred functions on this thread.
+    pub(crate) fn settle(&self, rounds: usize) {
+        let global = self.global();
+        for _ in 0..rounds {
+            if global.pending() == 0 {
+                return;
+            }
+            let advanced = global.try_advance();
+            let mut freed_any = false;
+            loop {
+                let before = global.pending();
+                global.collect();
+                if global.pending() >= before {
+                    break;
+                }
+                freed_any = true;
+            }
+            if !advanced && !freed_any {
+                return;
+            }
+        }
+    }
+
     fn global(&self) -> &Global {
         // SAFETY: this Collector holds a reference, so the Global is alive.
         unsafe { self.global.as_ref() }

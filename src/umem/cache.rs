@@ -866,7 +866,7 @@ impl Inner {
     fn reap(&self) -> usize {
         let drained = self.drain_all();
         self.shared.slab.shrink();
-        super::magazine::trim();
+        super::magazine::trim(true);
         drained
     }
 
@@ -895,13 +895,16 @@ impl Inner {
         let (seen, idle) = (word & 0xFFFF_FFFF, word >> 32);
         let idle = if seen == misses { idle + 1 } else { 0 };
         let mut idle = idle.min(u32::MAX as usize);
-        if idle >= self.decay_intervals {
+        let decayed = idle >= self.decay_intervals;
+        if decayed {
             count += self.drain_all();
             self.shared.slab.shrink();
             idle = 0;
         }
-        // The magazines freed by this and earlier intervals give their pages back.
-        super::magazine::trim();
+        // The magazines freed by this and earlier intervals give their pages back; after
+        // the decay's drain at once (an idle cache may see no further update that
+        // matters).
+        super::magazine::trim(decayed);
         // Re-read the misses: this update's reap and the decay's drain are not traffic.
         // (User traffic that lands while this update runs is missed for one interval.)
         let misses = self.misses.load(Ordering::Relaxed) & 0xFFFF_FFFF;

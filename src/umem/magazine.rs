@@ -143,10 +143,23 @@ impl Magazine {
 
 /// Gives the pages of free magazine blocks back to the kernel (see "The pool"): first
 /// this thread's retired magazines are handed to the epoch collector, which frees those
-/// whose grace period has passed. Returns the bytes given back.
-pub(crate) fn trim() -> usize {
+/// whose grace period has passed. With `settle` (after a drain that retired magazines
+/// just now) the collector is then driven, unpinned, through whole grace periods until
+/// what it holds is freed ([`Collector::settle`](crate::epoch::Collector)): otherwise a
+/// drain of thousands of magazines waited for two more advances and for many bounded
+/// collects, and a cache that went idle kept their pages (it could be megabytes) until
+/// some later pin. Returns the bytes given back.
+pub(crate) fn trim(settle: bool) -> usize {
     #[cfg(not(scalemem_loom))]
-    crate::epoch::pin().flush();
+    {
+        crate::epoch::pin().flush();
+        if settle {
+            // A few advances: two pass a grace period; more only while each frees.
+            crate::epoch::default_collector().settle(4);
+        }
+    }
+    #[cfg(scalemem_loom)]
+    let _ = settle;
     pool::trim()
 }
 
