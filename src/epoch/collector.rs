@@ -119,6 +119,7 @@ impl Collector {
     /// in the current epoch needs two advances. Seal the caller's own garbage first
     /// (`pin().flush()`), and call this unpinned, or the caller's pin holds the second
     /// advance back. Runs deferred functions on this thread.
+    #[cfg(not(scalemem_loom))]
     pub(crate) fn settle(&self, rounds: usize) {
         let global = self.global();
         for _ in 0..rounds {
