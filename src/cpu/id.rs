@@ -97,15 +97,7 @@ pub(crate) fn rseq_area() -> Option<*mut u8> {
     if !rseq_enabled() {
         return None;
     }
-    let tp: *mut u8;
-    // SAFETY: on x86_64 glibc the word at %fs:0 is the thread control block's pointer to
-    // itself (the thread pointer); reading it has no side effects.
-    unsafe {
-        core::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp, options(nostack, readonly, preserves_flags));
-    }
-    // SAFETY: rseq_enabled() saw __rseq_size >= 20, so glibc placed a struct rseq at
-    // thread pointer + __rseq_offset in every thread's TCB; it lives as long as the thread.
-    let area = unsafe { tp.offset(__rseq_offset) };
+    let area = rseq_area_unchecked();
     // SAFETY: `area` points to this thread's live struct rseq; cpu_id is a u32 at offset 4
     // that only the kernel writes (on this thread's behalf), so a volatile read is exact.
     let cpu = unsafe { core::ptr::read_volatile(area.add(rseq_abi::CPU_ID).cast::<u32>()) };
@@ -113,18 +105,23 @@ pub(crate) fn rseq_area() -> Option<*mut u8> {
     (cpu < 0x8000_0000).then_some(area)
 }
 
-/// This thread's rseq area without the checks of [`rseq_area`]: see
-/// `rseq::thread_area_unchecked`, the only caller.
+/// This thread's rseq area, registered or not: thread pointer + `__rseq_offset`, without
+/// the checks of [`rseq_area`]. The caller must have seen [`rseq_enabled`] (once is
+/// enough: the decision never changes); `rseq::thread_area_unchecked` is the hot paths'
+/// way in.
 #[cfg(all(not(scalemem_loom), target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
 #[inline]
 pub(crate) fn rseq_area_unchecked() -> *mut u8 {
     let tp: *mut u8;
-    // SAFETY: as in rseq_area.
+    // SAFETY: on x86_64 glibc the word at %fs:0 is the thread control block's pointer to
+    // itself (the thread pointer); reading it has no side effects, and it is the same
+    // for the whole life of the thread (`pure`).
     unsafe {
         core::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp, options(nostack, readonly, preserves_flags, pure));
     }
-    // SAFETY: the caller saw rseq_enabled() (its contract), so glibc placed a struct rseq
-    // at thread pointer + __rseq_offset in every thread's TCB (see rseq_area).
+    // SAFETY: rseq_enabled() (the caller's precondition) saw __rseq_size >= 20, so glibc
+    // placed a struct rseq at thread pointer + __rseq_offset in every thread's TCB; it
+    // lives as long as the thread.
     unsafe { tp.offset(__rseq_offset) }
 }
 

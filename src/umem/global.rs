@@ -272,7 +272,6 @@ unsafe fn boot_size(ptr: *const u8) -> usize {
 // ---------------------------------------------------------------------------------------
 // The heap.
 
-/// The process-wide heap, in its own mapping (never unmapped).
 /// Class `i`'s per-CPU layer (its cache's magazines) once the cache is made, null
 /// before: what the fast paths load first, so that a magazine hit follows one pointer
 /// from a static before its rseq section instead of three (heap, cache handle, cache).
@@ -289,6 +288,7 @@ fn fast(class: ClassIndex) -> Option<&'static CpuCaches> {
     unsafe { cpu.as_ref() }
 }
 
+/// The process-wide heap, in its own mapping (never unmapped).
 struct Heap {
     regions: Regions,
     large: LargeHeap,
