@@ -324,20 +324,21 @@ fn fork_while_threads_allocate() {
         .collect();
     start.wait();
     for round in 0..20 {
-        // SAFETY: fork; the child only allocates, checks and `_exit`s.
+        // SAFETY: fork; the child only allocates, checks and `_exit`s (`forked_child`).
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork failed");
         if pid == 0 {
-            let mut v: Vec<String> = Vec::new();
-            for i in 0..20_000 {
-                v.push(format!("child {round} {i}"));
-            }
-            let big = vec![3u8; 5 << 20];
-            let ok = v[19_999] == format!("child {round} 19999") && big.iter().all(|&b| b == 3);
-            drop(v);
-            global::trim();
-            // SAFETY: ends the child without running the parent's atexit handlers.
-            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+            common::forked_child(|| {
+                let mut v: Vec<String> = Vec::new();
+                for i in 0..20_000 {
+                    v.push(format!("child {round} {i}"));
+                }
+                let big = vec![3u8; 5 << 20];
+                let ok = v[19_999] == format!("child {round} 19999") && big.iter().all(|&b| b == 3);
+                drop(v);
+                global::trim();
+                ok
+            });
         }
         // A child that inherited a lock held by a thread it does not have hangs:
         // `wait_child` gives it 30 s, then kills it and fails.

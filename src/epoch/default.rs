@@ -12,6 +12,10 @@
 use super::collector::Collector;
 use super::guard::Guard;
 
+/// Registers the default collector's `fork` child handler (`imp::register_fork_handler`).
+#[cfg(not(scalemem_loom))]
+pub(crate) use imp::register_fork_handler;
+
 #[cfg(not(scalemem_loom))]
 mod imp {
     use core::cell::Cell;
@@ -71,16 +75,22 @@ mod imp {
         unsafe { DEFAULT_GLOBAL.after_fork_in_child(me) };
     }
 
-    #[cold]
-    #[inline(never)]
-    fn with_local_slow<R>(current: *const Local, f: impl FnOnce(NonNull<Local>) -> R) -> R {
+    /// Registers the fork handler once. glibc's registration allocates, and takes the
+    /// lock that `fork` holds while it runs every prepare handler: so it must not run
+    /// under a lock that a prepare handler takes. umem calls this from its own
+    /// registration, before it takes any lock; a thread's first pin calls it too.
+    pub(crate) fn register_fork_handler() {
         // Relaxed: only one caller registers; the handler reads nothing published here.
         if !AT_FORK.swap(true, core::sync::atomic::Ordering::Relaxed) {
-            // glibc's registration allocates: an allocator that pins (umem) is inside its
-            // own slow path here, which sends re-entrant requests to its bootstrap arena.
             // SAFETY: the handler is an `extern "C"` function that does not unwind.
             unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn with_local_slow<R>(current: *const Local, f: impl FnOnce(NonNull<Local>) -> R) -> R {
+        register_fork_handler();
         let local = Global::register(COLLECTOR.global)
             .unwrap_or_else(|_| std::alloc::handle_alloc_error(std::alloc::Layout::new::<Local>()));
         if current.is_null()

@@ -105,7 +105,7 @@
 mod atomic;
 mod bag;
 mod collector;
-mod default;
+pub(crate) mod default;
 mod deferred;
 mod guard;
 pub(crate) mod internal;

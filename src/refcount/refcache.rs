@@ -466,6 +466,60 @@ impl Domain {
         Some(Advancing(self))
     }
 
+    /// Takes the advancer lock and every CPU cache's lock with no scope, for `fork`
+    /// handlers (umem's regions): the child then inherits no tick and no cache update
+    /// half done, and no cache locked by a thread it will not have (which would keep
+    /// that CPU from ever flushing, so the child's epoch from ever advancing). Others are
+    /// never blocked meanwhile: a busy advancer lock skips the tick, a busy cache lock
+    /// sends the update to the object's header. Each holder finishes without waiting on a
+    /// lock, so the spinning here ends.
+    #[cfg(not(scalemem_loom))]
+    pub(crate) fn fork_lock(&self) {
+        /// Our token: even, non-zero, not `LOCAL_TOKEN`, and no ticker's (a ticker's is
+        /// the address of a local, and no ticker runs while we hold the advancer lock).
+        const FORK_TOKEN: usize = 2;
+        let backoff = crate::util::Backoff::new();
+        loop {
+            if let Some(held) = self.try_advancing() {
+                // Held until `fork_unlock`.
+                core::mem::forget(held);
+                break;
+            }
+            backoff.snooze();
+        }
+        loop {
+            for cache in self.caches.iter() {
+                // Acquire on success: pairs with the Release in Cache::unlock.
+                let _ = cache.lock.compare_exchange(0, FORK_TOKEN, Ordering::Acquire, Ordering::Relaxed);
+            }
+            if self.sections {
+                // A try_lock section that read a lock free before our CAS has committed
+                // (overwriting our token: that thread owns the lock) or restarted.
+                section::fence();
+            }
+            // Acquire: as in `flush_lagging`. After the fence no section can overwrite
+            // a token of ours, so a lock seen holding it stays ours.
+            if self.caches.iter().all(|cache| cache.lock.load(Ordering::Acquire) == FORK_TOKEN) {
+                return;
+            }
+            backoff.snooze();
+        }
+    }
+
+    /// Releases what [`fork_lock`](Self::fork_lock) took (in the parent, and in the
+    /// child, whose only thread is the one that took them).
+    ///
+    /// # Safety
+    /// `fork_lock` ran on this domain (here, or in the parent before the `fork` that
+    /// made this process) and nothing released its locks since.
+    #[cfg(not(scalemem_loom))]
+    pub(crate) unsafe fn fork_unlock(&self) {
+        for cache in self.caches.iter() {
+            cache.unlock();
+        }
+        drop(Advancing(self));
+    }
+
     /// One epoch step: flush every cache that has not flushed in the current epoch,
     /// advance the epoch if all have, review what is due, then free. Returns the epoch.
     /// If another thread is ticking, returns at once.
@@ -747,6 +801,22 @@ impl Refcache {
             let _ = config;
             Ok(Self { domain })
         }
+    }
+
+    /// [`Domain::fork_lock`], for the owners of intrusive domains (umem's regions).
+    #[cfg(not(scalemem_loom))]
+    pub(crate) fn fork_lock(&self) {
+        self.domain.fork_lock();
+    }
+
+    /// [`Domain::fork_unlock`].
+    ///
+    /// # Safety
+    /// As `Domain::fork_unlock`.
+    #[cfg(not(scalemem_loom))]
+    pub(crate) unsafe fn fork_unlock(&self) {
+        // SAFETY: the caller's contract.
+        unsafe { self.domain.fork_unlock() };
     }
 
     /// Moves `value` to the heap behind a counted header and returns the first reference.

@@ -827,6 +827,18 @@ impl CpuCaches {
         }
     }
 
+    /// Repairs what a `fork` can leave inexact in the child: the depot's counts (see
+    /// `Depot::recount_after_fork`). The slots need nothing: each of their changes is
+    /// one commit (rseq) or made under a slot lock that `fork_lock` held.
+    ///
+    /// # Safety
+    /// Called in the child of a `fork`, before it has started any other thread.
+    #[cfg(not(scalemem_loom))]
+    pub(crate) unsafe fn after_fork_in_child(&self) {
+        // SAFETY: the caller's contract.
+        unsafe { self.depot.recount_after_fork() };
+    }
+
     /// Releases what [`fork_lock`](Self::fork_lock) took (in the parent and the child).
     pub(crate) fn fork_unlock(&self) {
         if self.mode == Mode::Locked {

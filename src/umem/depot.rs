@@ -177,6 +177,29 @@ impl MagList {
         len
     }
 
+    /// Sets the count to the list's length, in a `fork`ed child. A thread of the parent
+    /// can be between a push's count increment and its CAS, or between a pop's CAS and
+    /// its decrement, when the process is copied: in the child nobody finishes it, and
+    /// the count would stay above the length for good (one per vanished thread).
+    ///
+    /// # Safety
+    /// Called in the child of a `fork`, before it has started any other thread: nothing
+    /// else touches the list, and every magazine on it is live (magazines are retired
+    /// only after they are popped).
+    #[cfg(not(scalemem_loom))]
+    unsafe fn recount(&self) {
+        // Relaxed (here and below): single-threaded child.
+        let (mut top, _) = unpack(self.head.load(Ordering::Relaxed));
+        let mut len = 0;
+        while let Some(mag) = NonNull::new(core::ptr::with_exposed_provenance_mut::<Magazine>(top)) {
+            len += 1;
+            top = next_of(mag);
+        }
+        self.count.store(len, Ordering::Relaxed);
+        self.min.store(self.min.load(Ordering::Relaxed).min(len), Ordering::Relaxed);
+        self.reap_limit.store(self.reap_limit.load(Ordering::Relaxed).min(len), Ordering::Relaxed);
+    }
+
     fn update(&self) {
         // Relaxed: working-set statistics; a race with a concurrent pop only makes the
         // next reap slightly more or less eager.
@@ -259,6 +282,19 @@ impl Depot {
     pub(crate) fn assert_valid(&self) {
         self.full.assert_valid("full");
         self.empty.assert_valid("empty");
+    }
+
+    /// Makes both lists' counts exact again in a `fork`ed child ([`MagList::recount`]).
+    ///
+    /// # Safety
+    /// As `MagList::recount`.
+    #[cfg(not(scalemem_loom))]
+    pub(crate) unsafe fn recount_after_fork(&self) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            self.full.recount();
+            self.empty.recount();
+        }
     }
 
     /// Ends a working-set interval (libumem's `ws_update`).

@@ -341,8 +341,6 @@ static HEAP: AtomicPtr<Heap> = AtomicPtr::new(ptr::null_mut());
 /// Serialises making the heap (and is held across `fork`, so a child never inherits a
 /// half-made heap).
 static INIT: SpinLock = SpinLock::new();
-/// Whether the fork handlers are registered (see `make_heap`).
-static AT_FORK: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
 
 /// The heap, making it on first use; `None` if the kernel refused memory for it.
 /// Called with the guard set, so what making it allocates goes to the bootstrap arena.
@@ -360,18 +358,10 @@ fn heap() -> Option<&'static Heap> {
 #[cold]
 #[inline(never)]
 fn make_heap() -> Option<&'static Heap> {
-    // The fork handlers are registered before INIT is taken, never under it: glibc's
-    // `__register_atfork` takes glibc's atfork lock, and a thread inside `fork` holds
-    // that lock while the prepare handlers run, one of which (ours, or another
-    // library's that allocates) may wait for INIT: registering under INIT could
-    // deadlock against such a fork. Registering first is harmless: `fork_prepare` takes
-    // INIT and copes with a heap not made yet. The registration allocates, and the
-    // guard sends that to the bootstrap arena.
-    // Relaxed: only "exactly once" matters; the handlers read nothing published here.
-    if !AT_FORK.swap(true, Ordering::Relaxed) {
-        // SAFETY: the handlers are `extern "C"` functions that do not unwind.
-        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
-    }
+    // Before INIT: a fork in another thread holds glibc's handler lock while its prepare
+    // handler waits for INIT. The registration allocates: the guard (set by our caller)
+    // sends that to the bootstrap arena.
+    super::fork::register();
     INIT.lock();
     // Acquire/Relaxed: under INIT, which orders the maker's writes before ours.
     let h = HEAP.load(Ordering::Acquire);
@@ -863,10 +853,8 @@ pub fn trim() -> bool {
         cache.reap();
     }
     // Two whole Refcache epochs after the last slab left a region, plus one for the
-    // review queue: the region is released on this thread.
-    for _ in 0..4 {
-        heap.regions.tick();
-    }
+    // review queue: the region is released on this thread (or by a concurrent ticker).
+    heap.regions.advance(4);
     heap.large.purge();
     heap.maint.unlock();
     mapped(heap) < before
@@ -979,7 +967,9 @@ pub fn assert_valid() {
 // ---------------------------------------------------------------------------------------
 // fork.
 
-extern "C" fn fork_prepare() {
+/// The global heap's part of umem's `fork` prepare handler (`umem::fork`, which also
+/// takes the registered caches' locks before it, and the magazine pool's after).
+pub(super) fn fork_lock() {
     INIT.lock();
     if let Some(heap) = heap_if_made() {
         heap.maint.lock();
@@ -989,17 +979,32 @@ extern "C" fn fork_prepare() {
         }
         heap.regions.fork_lock();
         heap.large.fork_lock();
-        // Last: magazines are made and freed outside every lock above, and nothing is
-        // taken while the pool's lock is held.
-        super::magazine::fork_lock();
     }
 }
 
-fn fork_release() {
+/// The `fork` child's repairs for the heap's caches (`ObjectCache::after_fork_in_child`).
+///
+/// # Safety
+/// Called in the child of a `fork`, before it has started any other thread, between
+/// [`fork_lock`] (in the parent) and [`fork_unlock`].
+pub(super) unsafe fn after_fork_in_child() {
     if let Some(heap) = heap_if_made() {
-        super::magazine::fork_unlock();
-        // SAFETY: `fork_prepare` took these locks before the fork, on this thread (in
-        // the child: the thread that forked), and nobody released them since.
+        for cache in heap.made() {
+            // SAFETY: the caller's contract.
+            unsafe { cache.after_fork_in_child() };
+        }
+    }
+}
+
+/// Releases what [`fork_lock`] took (in the parent, and in the child, whose guard is
+/// clear: fork is not called from inside an allocation).
+///
+/// # Safety
+/// `fork_lock` ran before the fork, on this thread (in the child: the thread that
+/// forked), and nothing released its locks since.
+pub(super) unsafe fn fork_unlock() {
+    if let Some(heap) = heap_if_made() {
+        // SAFETY: the caller's contract.
         unsafe {
             heap.large.fork_unlock();
             heap.regions.fork_unlock();
@@ -1011,17 +1016,6 @@ fn fork_release() {
         heap.maint.unlock();
     }
     INIT.unlock();
-}
-
-extern "C" fn fork_parent() {
-    fork_release();
-}
-
-extern "C" fn fork_child() {
-    // The child is single-threaded: whoever was inside the heap in the parent is gone,
-    // and so is every guard but ours (which is clear: fork is not called from inside an
-    // allocation).
-    fork_release();
 }
 
 // ---------------------------------------------------------------------------------------

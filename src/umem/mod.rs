@@ -56,6 +56,8 @@ pub mod cache;
 pub mod cpu_cache;
 mod depot;
 #[cfg(not(scalemem_loom))]
+mod fork;
+#[cfg(not(scalemem_loom))]
 pub mod global;
 pub mod large;
 mod magazine;

@@ -441,6 +441,32 @@ impl Regions {
         self.inner().refcache.tick()
     }
 
+    /// Ticks until the epoch has advanced `epochs` times since the call, by this thread
+    /// or another ticker: a tick that finds the advancer busy (a background tick, or
+    /// umem's `fork` handler holding it while the process is copied) or a CPU's cache
+    /// busy does not advance, so this yields and tries again, for at most a second.
+    /// Returns whether all `epochs` passed.
+    #[cfg(not(scalemem_loom))]
+    pub(crate) fn advance(&self, epochs: usize) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        let mut last = self.tick();
+        let mut passed = 0;
+        // The first tick may itself have advanced: count from the epoch before it is
+        // unknown, so it counts only through later ones (one extra tick at most).
+        while passed < epochs {
+            let now = self.tick();
+            if now != last {
+                passed += now.wrapping_sub(last);
+                last = now;
+            } else if std::time::Instant::now() > deadline {
+                return false;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        true
+    }
+
     /// The counters.
     ///
     /// ```
@@ -494,7 +520,11 @@ impl Regions {
     /// Takes the manager's lock without a scope, for `fork` (the prepare handler); the
     /// parent and the child each release it with [`fork_unlock`](Self::fork_unlock).
     pub(crate) fn fork_lock(&self) {
-        self.inner().shared.force_lock();
+        let inner = self.inner();
+        // The Refcache's locks first: nobody waits on them (see `Domain::fork_lock`).
+        #[cfg(not(scalemem_loom))]
+        inner.refcache.fork_lock();
+        inner.shared.force_lock();
     }
 
     /// Releases what [`fork_lock`](Self::fork_lock) took.
@@ -503,8 +533,13 @@ impl Regions {
     /// The lock was taken by `fork_lock` in this process (or in the parent, before the
     /// `fork` that made this process) and not released since.
     pub(crate) unsafe fn fork_unlock(&self) {
-        // SAFETY: the caller's contract.
-        unsafe { self.inner().shared.force_unlock() };
+        let inner = self.inner();
+        // SAFETY: the caller's contract (`fork_lock` took both).
+        unsafe {
+            inner.shared.force_unlock();
+            #[cfg(not(scalemem_loom))]
+            inner.refcache.fork_unlock();
+        }
     }
 
     /// Hands out a run of `pages` pages (`1 ..= USABLE_PAGES`). `init` runs under the

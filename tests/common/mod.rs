@@ -26,6 +26,31 @@ pub fn run_child(test: &str, env: &[(&str, &str)]) {
     assert!(String::from_utf8_lossy(&output.stdout).contains("1 passed"), "the child ran no test");
 }
 
+/// The body of a `fork`ed child: runs `body` and ends the process with `_exit` (0 if it
+/// returned true, 1 if false), never returning. A panic must not unwind into the test
+/// harness, whose channels and locks other threads of the parent may have held at the
+/// fork (the child would hang there, with the message lost in the harness's captured
+/// output): it is written straight to standard error and the child exits with 2.
+pub fn forked_child(body: impl FnOnce() -> bool) -> ! {
+    let code = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        Ok(true) => 0,
+        Ok(false) => 1,
+        Err(payload) => {
+            let msg = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            let line = format!("forked child panicked: {msg}\n");
+            // SAFETY: writes a live buffer to standard error.
+            unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+            2
+        }
+    };
+    // SAFETY: ends the child without running the parent's atexit handlers.
+    unsafe { libc::_exit(code) }
+}
+
 /// Waits for the `fork`ed child `pid` and returns its exit code; fails if it did not
 /// exit normally, or if it is still running after 30 s (a child that inherited a lock
 /// held by a thread it does not have hangs: it is killed and the test fails).
@@ -40,6 +65,13 @@ pub fn wait_child(pid: libc::pid_t, what: &str) -> i32 {
         }
         assert_eq!(waited, 0, "waitpid failed");
         if std::time::Instant::now() > deadline {
+            // Where it hangs, for the failure report (if gdb is installed).
+            if let Ok(out) = std::process::Command::new("gdb")
+                .args(["-p", &pid.to_string(), "-batch", "-ex", "thread apply all bt"])
+                .output()
+            {
+                eprintln!("{what}: the hung child's stacks:\n{}", String::from_utf8_lossy(&out.stdout));
+            }
             // SAFETY: our child; reaped below.
             unsafe {
                 libc::kill(pid, libc::SIGKILL);

@@ -11,47 +11,120 @@ pub(super) use loom_imp::*;
 #[cfg(not(scalemem_loom))]
 mod imp {
     use core::ptr::NonNull;
-    use std::sync::Mutex;
 
     use super::super::{GlobalStats, Inner, REAP_INTERVAL};
+    use crate::umem::vmem::lock::Lock;
 
     /// A registered cache: its state, and whether the reaper maintains it.
     struct Entry(NonNull<Inner>, bool);
+
+    impl Entry {
+        fn inner(&self) -> &Inner {
+            // SAFETY: registered, so alive: removal takes the registry lock, which every
+            // caller of this holds.
+            unsafe { self.0.as_ref() }
+        }
+    }
 
     // SAFETY: `Inner` is Send + Sync (see `ObjectCache`); the pointer is dereferenced
     // only under the registry lock, which `ObjectCache::drop` takes to remove it before
     // freeing the state.
     unsafe impl Send for Entry {}
 
-    static CACHES: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+    /// The live caches, under a futex lock that `fork` handlers can hold across the
+    /// fork (std's `Mutex` has no way to be released by a handler).
+    static CACHES: Lock<Vec<Entry>> = Lock::new_const(Vec::new());
 
     pub(crate) fn add(inner: NonNull<Inner>, reaper: bool) {
-        let mut caches = CACHES.lock().unwrap_or_else(|e| e.into_inner());
-        caches.push(Entry(inner, reaper));
-        if reaper {
-            start_reaper();
-        }
+        // Registered before the lock is taken: registration allocates.
+        crate::umem::fork::register();
+        CACHES.with(|caches| {
+            caches.push(Entry(inner, reaper));
+            if reaper {
+                start_reaper();
+            }
+        });
     }
 
     pub(crate) fn remove(inner: NonNull<Inner>) {
-        let mut caches = CACHES.lock().unwrap_or_else(|e| e.into_inner());
-        caches.retain(|entry| entry.0 != inner);
+        CACHES.with(|caches| caches.retain(|entry| entry.0 != inner));
     }
 
     pub(crate) fn sum() -> GlobalStats {
-        let caches = CACHES.lock().unwrap_or_else(|e| e.into_inner());
-        let mut total = GlobalStats { caches: caches.len(), ..GlobalStats::default() };
-        for entry in caches.iter() {
-            // SAFETY: registered, so alive (removal takes this lock).
-            let stats = unsafe { entry.0.as_ref() }.stats();
-            total.in_use += stats.in_use;
-            total.cpu_rounds += stats.cpu_rounds;
-            total.depot_full += stats.depot_full;
-            total.depot_empty += stats.depot_empty;
-            total.depot_contention += stats.depot_contention;
-            total.slab_bytes += stats.slab_bytes;
+        CACHES.with(|caches| {
+            let mut total = GlobalStats { caches: caches.len(), ..GlobalStats::default() };
+            for entry in caches.iter() {
+                let stats = entry.inner().stats();
+                total.in_use += stats.in_use;
+                total.cpu_rounds += stats.cpu_rounds;
+                total.depot_full += stats.depot_full;
+                total.depot_empty += stats.depot_empty;
+                total.depot_contention += stats.depot_contention;
+                total.slab_bytes += stats.slab_bytes;
+            }
+            total
+        })
+    }
+
+    /// Whether `entries[i]` is the first entry over its region manager (each manager is
+    /// locked once, by its first cache, and unlocked by the same rule).
+    fn first_over_its_regions(entries: &[Entry], i: usize) -> bool {
+        let regions = entries[i].inner().regions();
+        !entries[..i].iter().any(|e| core::ptr::eq(e.inner().regions(), regions))
+    }
+
+    /// The `fork` prepare step for registered caches: the registry lock (held until
+    /// [`fork_unlock`]), then every cache's locks, then each of their region managers'.
+    /// This is the order in which the reaper (registry, then a cache) and a cache's
+    /// slab layer (slab, then regions) nest them.
+    pub(crate) fn fork_lock() {
+        CACHES.force_lock();
+        // SAFETY: held through `force_lock` just above; the only reference.
+        let entries = unsafe { CACHES.force_get() };
+        for entry in entries.iter() {
+            entry.inner().fork_lock();
         }
-        total
+        for i in 0..entries.len() {
+            if first_over_its_regions(entries, i) {
+                entries[i].inner().regions().fork_lock();
+            }
+        }
+    }
+
+    /// The `fork` child's repairs for every registered cache (`CpuCaches::after_fork_in_child`).
+    ///
+    /// # Safety
+    /// Called in the child of a `fork`, before it has started any other thread, while
+    /// the registry lock taken by [`fork_lock`] in the parent is still held.
+    pub(crate) unsafe fn after_fork_in_child() {
+        // SAFETY: held since `fork_lock` (contract); the only reference.
+        let entries = unsafe { CACHES.force_get() };
+        for entry in entries.iter() {
+            // SAFETY: the caller's contract; the cache is registered, so alive.
+            unsafe { entry.inner().cpu.after_fork_in_child() };
+        }
+    }
+
+    /// Releases what [`fork_lock`] took, in reverse order.
+    ///
+    /// # Safety
+    /// `fork_lock` ran (here, or in the parent before the `fork` that made this process)
+    /// and nothing released its locks since.
+    pub(crate) unsafe fn fork_unlock() {
+        // SAFETY: held since `fork_lock` (contract); the only reference.
+        let entries = unsafe { CACHES.force_get() };
+        for i in (0..entries.len()).rev() {
+            if first_over_its_regions(entries, i) {
+                // SAFETY: locked by `fork_lock`, by the same rule.
+                unsafe { entries[i].inner().regions().fork_unlock() };
+            }
+        }
+        for entry in entries.iter().rev() {
+            // SAFETY: locked by `fork_lock`.
+            unsafe { entry.inner().fork_unlock() };
+        }
+        // SAFETY: taken by `fork_lock` (contract).
+        unsafe { CACHES.force_unlock() };
     }
 
     fn start_reaper() {
@@ -61,11 +134,11 @@ mod imp {
             let _ = std::thread::Builder::new().name("umem-reaper".into()).spawn(|| {
                 loop {
                     std::thread::sleep(REAP_INTERVAL);
-                    let caches = CACHES.lock().unwrap_or_else(|e| e.into_inner());
-                    for entry in caches.iter().filter(|entry| entry.1) {
-                        // SAFETY: registered, so alive (removal takes this lock).
-                        unsafe { entry.0.as_ref() }.update();
-                    }
+                    CACHES.with(|caches| {
+                        for entry in caches.iter().filter(|entry| entry.1) {
+                            entry.inner().update();
+                        }
+                    });
                 }
             });
         });

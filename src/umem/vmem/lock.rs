@@ -50,6 +50,24 @@ impl<T> Lock<T> {
         self.data.with_mut(|value| f(unsafe { &mut *value }))
     }
 
+    /// An unlocked lock over `value`, for a `static` (there is no loom facade to build).
+    #[cfg(not(scalemem_loom))]
+    pub(crate) const fn new_const(value: T) -> Self {
+        Self { state: Futex::new(UNLOCKED), data: UnsafeCell::new(value) }
+    }
+
+    /// The value, while the lock is held through [`force_lock`](Self::force_lock).
+    ///
+    /// # Safety
+    /// This thread holds the lock through `force_lock` until the reference is dropped,
+    /// and makes no other reference to the value meanwhile.
+    #[cfg(not(scalemem_loom))]
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn force_get(&self) -> &mut T {
+        // SAFETY: the caller holds the lock and makes no other reference (contract).
+        self.data.with_mut(|value| unsafe { &mut *value })
+    }
+
     /// Exclusive access through `&mut self`: no locking is needed.
     pub(crate) fn get_mut(&mut self) -> &mut T {
         // SAFETY: `&mut self` proves that no other reference to the lock exists, so no
