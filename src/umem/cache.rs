@@ -745,18 +745,42 @@ impl Inner {
 
     /// The end of every alloc and free (module documentation, "Destroy and teardown"):
     /// if destroy may have missed rounds this operation moved, drain them.
-    #[inline]
+    #[inline(always)]
     fn settle(&self) {
         // Light side: pairs with the heavy fence in `destroy`; orders this operation's
         // magazine stores before the load of `dead`.
         fence::light();
         if self.dead.load(Ordering::Relaxed) {
-            self.drain_all();
+            self.drain_all_cold();
         }
     }
 
-    #[inline]
+    /// [`drain_all`](Self::drain_all) out of line, for `settle` (after a destroy only).
+    #[cold]
+    #[inline(never)]
+    fn drain_all_cold(&self) {
+        self.drain_all();
+    }
+
+    /// The hit path inline (the caller's frame, no `Result` in memory); everything else
+    /// out of line in [`alloc_miss`](Self::alloc_miss).
+    #[inline(always)]
     fn alloc(&self) -> Result<NonNull<u8>, CacheError> {
+        if !self.is_dead()
+            && !self.checking
+            && let Some(round) = self.cpu.try_pop()
+        {
+            self.settle();
+            return Ok(round);
+        }
+        self.alloc_miss()
+    }
+
+    /// Everything but a hit in the loaded magazine: destroyed, checking mode, the
+    /// magazine layer's own slow path (swap, depot), then the slab layer.
+    #[cold]
+    #[inline(never)]
+    fn alloc_miss(&self) -> Result<NonNull<u8>, CacheError> {
         if self.is_dead() {
             return Err(CacheError::Destroyed);
         }
@@ -804,8 +828,23 @@ impl Inner {
 
     /// # Safety
     /// As [`ObjectCache::free`].
-    #[inline]
+    #[inline(always)]
     unsafe fn free(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
+        if !self.checking && !self.is_dead() && self.cpu.try_push(ptr) {
+            self.settle();
+            return Ok(());
+        }
+        // SAFETY: the caller's contract.
+        unsafe { self.free_miss(ptr) }
+    }
+
+    /// Everything but a push into the loaded magazine (see [`free`](Self::free)).
+    ///
+    /// # Safety
+    /// As [`ObjectCache::free`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_miss(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
         if self.checking {
             // SAFETY: the caller's (2); checking mode validates (1) before any change.
             return unsafe { self.free_checked(ptr) };

@@ -508,19 +508,19 @@ impl CpuCaches {
 
     /// A round from the current CPU's loaded magazine, or `None` (no depot, no swap):
     /// one rseq section (or one try-lock), for callers with their own slow path.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn try_pop(&self) -> Option<NonNull<u8>> {
         self.pop_round()
     }
 
     /// Pushes `round` into the current CPU's loaded magazine if it has room (no depot,
     /// no swap); false otherwise, the round still the caller's.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn try_push(&self, round: NonNull<u8>) -> bool {
         self.push_round(round)
     }
 
-    #[inline]
+    #[inline(always)]
     fn pop_round(&self) -> Option<NonNull<u8>> {
         match self.mode {
             Mode::Rseq => {
@@ -541,7 +541,7 @@ impl CpuCaches {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn push_round(&self, round: NonNull<u8>) -> bool {
         match self.mode {
             Mode::Rseq => {

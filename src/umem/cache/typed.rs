@@ -121,6 +121,7 @@ unsafe impl<T: Send + Sync> Sync for CacheBox<'_, T> {}
 
 impl<T: Send> core::ops::Deref for CacheBox<'_, T> {
     type Target = T;
+    #[inline]
     fn deref(&self) -> &T {
         // SAFETY: a constructed T owned by this box.
         unsafe { self.ptr.as_ref() }
@@ -128,6 +129,7 @@ impl<T: Send> core::ops::Deref for CacheBox<'_, T> {
 }
 
 impl<T: Send> core::ops::DerefMut for CacheBox<'_, T> {
+    #[inline]
     fn deref_mut(&mut self) -> &mut T {
         // SAFETY: a constructed T owned by this box, borrowed mutably through it.
         unsafe { self.ptr.as_mut() }
@@ -135,6 +137,7 @@ impl<T: Send> core::ops::DerefMut for CacheBox<'_, T> {
 }
 
 impl<T: Send> Drop for CacheBox<'_, T> {
+    #[inline]
     fn drop(&mut self) {
         // SAFETY: (1) from this cache's alloc, freed once (the box is dropped once).
         // (2) A valid T (the box kept it so), used by no one after this.
