@@ -108,7 +108,10 @@
 //! caches work as in the parent; the background reaper and Refcache ticker threads are
 //! not copied (memory still goes back through explicit reaps and callers' slow paths).
 //! The global heap's own caches are kept out of the registry and handled by the same
-//! handlers, with the heap.
+//! handlers, with the heap. The child recounts every depot (a vanished thread can leave
+//! a list's count one too high); an object or magazine that a vanished thread had in
+//! hand at the fork is lost to the child, like the rest of that thread's memory
+//! ([`assert_valid_after_fork`](ObjectCache::assert_valid_after_fork) checks the bound).
 //!
 //! # Invariants
 //!
