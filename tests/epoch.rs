@@ -13,6 +13,8 @@ use std::thread;
 
 use scalemem::epoch::{self, Atomic, Collector, LocalHandle, Owned, Retired, Shared};
 
+mod common;
+
 /// Counts its drops in a shared counter.
 struct Counted {
     drops: Arc<AtomicUsize>,
@@ -479,23 +481,23 @@ fn a_forked_child_is_not_held_back_by_threads_it_does_not_have() {
         r.wait();
     });
     pinned.wait();
-    // SAFETY: fork; the child pins, defers, collects and leaves with `_exit` (no
-    // unwinding into the test harness, no atexit handlers).
+    // SAFETY: fork; the child pins, defers, collects and leaves with `_exit` through
+    // `forked_child` (no unwinding into the test harness, no atexit handlers).
     let pid = unsafe { libc::fork() };
     if pid == 0 {
-        for _ in 0..10_000 {
-            let guard = epoch::pin();
-            guard.defer(|| CHILD_DROPS.fetch_add(1, SeqCst));
-            guard.flush();
-            drop(guard);
-            if CHILD_DROPS.load(SeqCst) > 0 {
-                // SAFETY: ends the child.
-                unsafe { libc::_exit(0) };
+        common::forked_child(|| {
+            for _ in 0..10_000 {
+                let guard = epoch::pin();
+                guard.defer(|| CHILD_DROPS.fetch_add(1, SeqCst));
+                guard.flush();
+                drop(guard);
+                if CHILD_DROPS.load(SeqCst) > 0 {
+                    return true;
+                }
+                std::thread::sleep(std::time::Duration::from_micros(100));
             }
-            std::thread::sleep(std::time::Duration::from_micros(100));
-        }
-        // SAFETY: ends the child.
-        unsafe { libc::_exit(3) };
+            false
+        });
     }
     assert!(pid > 0, "fork failed");
     let mut status = 0;
