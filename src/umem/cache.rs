@@ -48,13 +48,25 @@
 //! empty) slab back to the regions. It runs exactly once, on the thread of that last put.
 //!
 //! Why no round is stranded in a magazine after the drain: an alloc or free that began
-//! before `dead` was set may still be moving rounds (a push, or a full magazine in hand
-//! on its way to the depot) while the drain runs. Every alloc and free therefore ends
+//! before `dead` was set may still be moving rounds (a full magazine in hand on its way
+//! to the depot, an empty one being installed in a CPU's slot) while the drain runs.
+//! Every alloc and free that goes past the loaded magazine (a **miss**) therefore ends
 //! with [`fence::light`] and a load of `dead`; destroy stores `dead` and calls
 //! [`fence::heavy`] before draining. Either the operation's load sees `dead` (it then
 //! drains again itself, serialised with destroy's drain by the magazine layer's
 //! reconfiguration mutex), or its stores, all before its light fence, are visible to
-//! the drain. The fast path pays one compiler fence and two loads of a read-mostly word.
+//! the drain.
+//!
+//! A **hit** (one pop or push in the current CPU's loaded magazine) needs neither: it
+//! moves a round within a slot, never a magazine. If it commits before a drain stops
+//! that slot, the drain takes what it pushed; a drain leaves the slot with nothing
+//! loaded, so a hit after it fails and becomes a miss, unless a miss installed a
+//! magazine there since, and that miss, having installed it after destroy's heavy
+//! fence, sees `dead` in its own ending and drains again. So after the last drain no
+//! hit can succeed, and every push before it was drained. The alloc hit still tests
+//! `dead` first, so that an allocation starting after `destroy` returned fails even
+//! while such a miss has a magazine installed. The hit path is a load of `dead` (alloc
+//! only), one of the checking flag, and one rseq section or try-lock.
 //!
 //! # Reaping and returning memory (defaults)
 //!
@@ -741,14 +753,16 @@ impl ObjectCache {
 impl Inner {
     #[inline]
     fn is_dead(&self) -> bool {
-        // Acquire: pairs with the SeqCst swap in `destroy`. A hint that sends a free
+        // Acquire: pairs with the SeqCst swap in `destroy`. For allocations: one that
+        // starts after `destroy` returned fails. For frees a hint that sends them
         // straight to the slab layer; `settle` gives the guarantee that matters.
         self.dead.load(Ordering::Acquire)
     }
 
-    /// The end of every alloc and free (module documentation, "Destroy and teardown"):
-    /// if destroy may have missed rounds this operation moved, drain them.
-    #[inline(always)]
+    /// The end of every alloc and free that missed the loaded magazine (module
+    /// documentation, "Destroy and teardown"): if destroy may have missed rounds or
+    /// magazines this operation moved, drain them. Hits need no settle.
+    #[inline]
     fn settle(&self) {
         // Light side: pairs with the heavy fence in `destroy`; orders this operation's
         // magazine stores before the load of `dead`.
@@ -766,14 +780,14 @@ impl Inner {
     }
 
     /// The hit path inline (the caller's frame, no `Result` in memory); everything else
-    /// out of line in [`alloc_miss`](Self::alloc_miss).
+    /// out of line in [`alloc_miss`](Self::alloc_miss). A hit does not settle (module
+    /// documentation, "Destroy and teardown").
     #[inline(always)]
     fn alloc(&self) -> Result<NonNull<u8>, CacheError> {
         if !self.is_dead()
             && !self.checking
             && let Some(round) = self.cpu.try_pop()
         {
-            self.settle();
             return Ok(round);
         }
         self.alloc_miss()
@@ -831,10 +845,13 @@ impl Inner {
 
     /// # Safety
     /// As [`ObjectCache::free`].
+    ///
+    /// The hit path tests neither `dead` nor settles: after destroy's drain the slots
+    /// hold no magazine, so a push fails and the miss path sends the object to the slab
+    /// layer (module documentation, "Destroy and teardown").
     #[inline(always)]
     unsafe fn free(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
-        if !self.checking && !self.is_dead() && self.cpu.try_push(ptr) {
-            self.settle();
+        if !self.checking && self.cpu.try_push(ptr) {
             return Ok(());
         }
         // SAFETY: the caller's contract.
