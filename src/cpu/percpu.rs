@@ -32,7 +32,6 @@ pub struct PerCpu<T> {
     base: NonNull<u8>,
     /// Initialised slots (all of them once `with_cpus` returns).
     len: usize,
-    stride: usize,
     /// Bytes mapped at `base`.
     map_bytes: usize,
     _owns: PhantomData<T>,
@@ -61,11 +60,11 @@ impl<T> PerCpu<T> {
     pub fn with_cpus(cpus: usize, mut init: impl FnMut(usize) -> T) -> Result<Self, AllocError> {
         let len = cpus.max(1);
         assert!(align_of::<T>() <= os::page_size(), "PerCpu slot alignment above a page");
-        let align = align_of::<T>().max(SLOT_ALIGN);
-        let stride = size_of::<T>().checked_add(align - 1).ok_or(AllocError)? & !(align - 1);
+        // No overflow: size_of::<T>() <= isize::MAX and the alignment is at most a page.
+        let stride = Self::STRIDE;
         let bytes = stride.checked_mul(len).ok_or(AllocError)?;
         let base = os::map(bytes)?;
-        let mut this = Self { base, len: 0, stride, map_bytes: bytes, _owns: PhantomData };
+        let mut this = Self { base, len: 0, map_bytes: bytes, _owns: PhantomData };
         for cpu in 0..len {
             // SAFETY: slot `cpu` lies inside the mapping (cpu < len, bytes = stride * len),
             // is aligned (page-aligned base, stride a multiple of align) and uninitialised.
@@ -92,7 +91,7 @@ impl<T> PerCpu<T> {
     #[inline]
     fn slot_ptr(&self, cpu: usize) -> *mut T {
         // SAFETY: callers pass cpu < the mapped slot count; the offset stays in the mapping.
-        unsafe { self.base.as_ptr().add(cpu * self.stride).cast() }
+        unsafe { self.base.as_ptr().add(cpu * Self::STRIDE).cast() }
     }
 
     /// The slot of `cpu` (taken modulo the slot count).
@@ -126,8 +125,17 @@ impl<T> PerCpu<T> {
     /// section needs to find the current CPU's slot itself.
     #[inline]
     pub(crate) fn raw_parts(&self) -> (*mut u8, usize, usize) {
-        (self.base.as_ptr(), self.stride, self.len)
+        // The constant, not the field: a section then multiplies by an immediate
+        // instead of a value it must load first.
+        (self.base.as_ptr(), Self::STRIDE, self.len)
     }
+
+    /// The distance between two slots, a compile-time constant (the size of `T`
+    /// rounded up to its alignment, at least [`SLOT_ALIGN`]).
+    pub(crate) const STRIDE: usize = {
+        let align = if align_of::<T>() > SLOT_ALIGN { align_of::<T>() } else { SLOT_ALIGN };
+        (size_of::<T>() + align - 1) & !(align - 1)
+    };
 }
 
 impl<T> Drop for PerCpu<T> {

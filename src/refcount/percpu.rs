@@ -10,7 +10,7 @@
 //!   cannot reach zero while per-CPU parts are not yet summed into it.
 //! - One slot per CPU with two words that are never written the same way (see
 //!   [`PerCpuCounter`](crate::cpu::PerCpuCounter)): `rseq`, changed only by the
-//!   conditional rseq section ([`rseq::add_if_clear`](crate::cpu::rseq::add_if_clear)),
+//!   conditional rseq section ([`rseq::add_if_clear_in`](crate::cpu::rseq::add_if_clear_in)),
 //!   and `atomic`, changed only by compare-exchange. `atomic` holds `2 * part | SEALED`;
 //!   a sealed word takes no more updates.
 //!
@@ -20,10 +20,13 @@
 //!
 //! # Fast path (per-CPU mode)
 //!
-//! `get`/`put` run [`rseq::add_if_clear`](crate::cpu::rseq::add_if_clear): "add `±n` to
-//! this CPU's `rseq` word if `mode & ATOMIC == 0`", where the test of the mode is inside
-//! the restartable section and the commit is the single `add`. No atomic instruction, no
-//! shared write: about as cheap as [`PerCpuCounter`](crate::cpu::PerCpuCounter). A thread
+//! `get`/`put` run [`rseq::add_if_clear_in`](crate::cpu::rseq::add_if_clear_in): "add
+//! `±n` to this CPU's `rseq` word if `mode & ATOMIC == 0`", where the test of the mode is
+//! inside the restartable section and the commit is the single `add`. No atomic
+//! instruction, no shared write: about as cheap as
+//! [`PerCpuCounter`](crate::cpu::PerCpuCounter). The mode word sits in a small block with
+//! the address and number of the `rseq` words, so the section reads what it needs from
+//! the one line a get reads anyway (and the slot stride is a constant). A thread
 //! without rseq (or any thread, where the process lacks rseq or the rseq fence) instead
 //! compare-exchanges its CPU's `atomic` word, failing over to `count` if the word is
 //! sealed. Neither path pins an epoch.
@@ -148,9 +151,11 @@ struct Slot {
     atomic: AtomicUsize,
 }
 
-/// The words every get and put reads, kept off other data's cache lines.
+/// The words every get and put reads, kept off other data's cache lines: the mode word
+/// (the flags of the section block, which also says where the `rseq` words are) and the
+/// atomic count.
 struct Hot {
-    mode: AtomicUsize,
+    block: section::AddBlock,
     count: AtomicUsize,
 }
 
@@ -195,12 +200,17 @@ impl RawRef {
                 slot.atomic.store(SEALED, Ordering::Relaxed);
             }
         }
+        let off = offset_of!(Slot, rseq);
+        let (block, sections) = match section::AddBlock::new(mode, slots.raw_parts(), off, section::usable()) {
+            Some(block) => (block, section::usable()),
+            None => (section::AddBlock::new(mode, slots.raw_parts(), off, false).ok_or(AllocError)?, false),
+        };
         Ok(Self {
-            hot: CachePadded::new(Hot { mode: AtomicUsize::new(mode), count: AtomicUsize::new(count) }),
+            hot: CachePadded::new(Hot { block, count: AtomicUsize::new(count) }),
             slots,
             switching: AtomicBool::new(false),
             force_atomic: AtomicBool::new(force_atomic),
-            sections: section::usable(),
+            sections,
         })
     }
 
@@ -208,18 +218,14 @@ impl RawRef {
     /// section). `false`: nothing done (atomic mode, no rseq, CPU out of range).
     #[inline]
     fn add_section(&self, delta: isize) -> bool {
-        if !self.sections {
-            return false;
-        }
         let Some(area) = section::area() else { return false };
-        // SAFETY: (1) `area` is this thread's, just obtained. (2) `slots` is our live
-        // PerCpu<Slot> with an AtomicIsize at offset_of!(Slot, rseq); `mode` lives as
-        // long as &self. (3) The `rseq` words are written only by this section and by
-        // `to_percpu_locked`, which zeroes them while ATOMIC is set and the fence of the
-        // switch that set it has run (module invariants).
-        unsafe {
-            section::add_if_clear(area, &self.hot.mode, ATOMIC, self.slots.raw_parts(), offset_of!(Slot, rseq), delta)
-        }
+        // SAFETY: (1) `area` is this thread's, just obtained. The block was built over
+        // our live PerCpu<Slot>'s `rseq` words (an AtomicIsize at offset_of!(Slot, rseq))
+        // and lives as long as &self; without sections it fails at once. (2) The `rseq`
+        // words are written only by this section and by `to_percpu_locked`, which zeroes
+        // them while ATOMIC is set and the fence of the switch that set it has run
+        // (module invariants).
+        unsafe { section::add_if_clear_block(area, &self.hot.block, ATOMIC, delta) }
     }
 
     /// Adds `delta` to this CPU's `atomic` word unless it is sealed. `false`: sealed.
@@ -248,7 +254,7 @@ impl RawRef {
     /// the slot words are authoritative.
     #[inline]
     fn mode(&self) -> usize {
-        self.hot.mode.load(Ordering::Acquire)
+        self.hot.block.flags.load(Ordering::Acquire)
     }
 
     #[inline]
@@ -366,7 +372,7 @@ impl RawRef {
     /// Per-CPU mode again, if allowed. REQUIRES: the switch lock.
     fn to_percpu_locked(&self) {
         // Relaxed: ATOMIC and DEAD change only under the lock we hold.
-        let mode = self.hot.mode.load(Ordering::Relaxed);
+        let mode = self.hot.block.flags.load(Ordering::Relaxed);
         if mode & ATOMIC == 0 || mode & DEAD != 0 {
             return;
         }
@@ -393,14 +399,14 @@ impl RawRef {
         }
         // Release: pairs with the Acquire mode reads of the slow paths, and (TSO) with the
         // sections' plain loads of the mode.
-        self.hot.mode.fetch_and(!ATOMIC, Ordering::Release);
+        self.hot.block.flags.fetch_and(!ATOMIC, Ordering::Release);
     }
 
     /// Sets `flags` (with `ATOMIC`) and folds if the ref was per-CPU. Returns the mode
     /// before and whether the fold brought the count to zero. REQUIRES: the switch lock.
     fn to_atomic_locked(&self, flags: usize) -> (usize, bool) {
         // SeqCst: the flag store comes before the fence's own SeqCst fence and membarrier.
-        let old = self.hot.mode.fetch_or(ATOMIC | flags, Ordering::SeqCst);
+        let old = self.hot.block.flags.fetch_or(ATOMIC | flags, Ordering::SeqCst);
         let zero = old & ATOMIC == 0 && self.fold_locked();
         (old, zero)
     }
@@ -409,7 +415,7 @@ impl RawRef {
     fn mark_released(&self) {
         // Release: pairs with the Acquire in `reinit`, which must not start a new lifetime
         // before the callback of the old one is done.
-        self.hot.mode.fetch_or(RELEASED, Ordering::Release);
+        self.hot.block.flags.fetch_or(RELEASED, Ordering::Release);
     }
 
     /// `switch_to_atomic` + confirm under the lock. Returns `true` if the count is zero.
@@ -447,7 +453,7 @@ impl RawRef {
     fn resurrect(&self) -> bool {
         let _guard = self.lock();
         // Relaxed: flags change only under the lock we hold.
-        if self.hot.mode.load(Ordering::Relaxed) & DEAD == 0 {
+        if self.hot.block.flags.load(Ordering::Relaxed) & DEAD == 0 {
             return false;
         }
         let count = &self.hot.count;
@@ -463,7 +469,7 @@ impl RawRef {
             }
         }
         // Release: tryget_live callers that see DEAD clear may use the object.
-        self.hot.mode.fetch_and(!DEAD, Ordering::Release);
+        self.hot.block.flags.fetch_and(!DEAD, Ordering::Release);
         // Relaxed: under the lock.
         if !self.force_atomic.load(Ordering::Relaxed) {
             self.to_percpu_locked();
@@ -480,7 +486,7 @@ impl RawRef {
         // The count is zero: its release is running or done. Wait for it to be done.
         let backoff = Backoff::new();
         // Acquire: pairs with the Release in mark_released.
-        while self.hot.mode.load(Ordering::Acquire) & RELEASED == 0 {
+        while self.hot.block.flags.load(Ordering::Acquire) & RELEASED == 0 {
             backoff.snooze();
         }
         // Relaxed: the Release RMW of mode below publishes it.
@@ -488,7 +494,7 @@ impl RawRef {
             return false; // a get on a released ref: misuse
         }
         // Release: pairs with the Acquire mode reads (tryget_live, reinit).
-        self.hot.mode.fetch_and(!(DEAD | RELEASED), Ordering::Release);
+        self.hot.block.flags.fetch_and(!(DEAD | RELEASED), Ordering::Release);
         // Relaxed: under the lock.
         if !self.force_atomic.load(Ordering::Relaxed) {
             self.to_percpu_locked();

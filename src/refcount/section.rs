@@ -123,32 +123,64 @@ pub(crate) fn fence() {
     }
 }
 
-/// [`rseq::add_if_clear`] on the `isize` at byte offset `off` of every slot of `slots`:
-/// adds `delta` to the current CPU's one if `flags & mask == 0`, tested inside the
-/// section.
+/// A flags word and what a section needs to find the current CPU's word, kept
+/// together so that the hot path reads one small block ([`rseq::add_if_clear_in`]).
+/// The structure embeds it where its flags word would be.
+#[repr(C)]
+pub(crate) struct AddBlock {
+    /// The structure's flags word (the section tests it).
+    pub(crate) flags: AtomicUsize,
+    /// Address of CPU 0's word; CPU `c`'s is `c * stride` bytes further. Fixed.
+    words: usize,
+    /// Number of words; 0 when the structure does not use sections (then
+    /// [`add_if_clear_block`] fails at once). Fixed.
+    ncpus: usize,
+    /// The distance between two CPUs' words: [`rseq::BLOCK_STRIDE`] outside loom.
+    #[cfg(scalemem_loom)]
+    stride: usize,
+}
+
+impl AddBlock {
+    /// A block over the `isize` words at byte offset `off` of every slot of `slots`,
+    /// with flags `flags`. `None` if the slots' stride is not the one the sections
+    /// assume: the caller then does without sections.
+    pub(crate) fn new(flags: usize, slots: Layout, off: usize, sections: bool) -> Option<Self> {
+        let (base, stride, ncpus) = slots;
+        #[cfg(not(scalemem_loom))]
+        if sections && stride != rseq::BLOCK_STRIDE {
+            return None;
+        }
+        Some(Self {
+            flags: AtomicUsize::new(flags),
+            words: base as usize + off,
+            ncpus: if sections { ncpus } else { 0 },
+            #[cfg(scalemem_loom)]
+            stride,
+        })
+    }
+}
+
+/// [`rseq::add_if_clear_in`] through an [`AddBlock`]: adds `delta` to the current CPU's
+/// word if `block.flags & mask == 0`, tested inside the section. `false` (nothing done)
+/// also when the block was built without sections.
 ///
 /// # Safety
 /// 1. `area` comes from [`area`] on the calling thread.
-/// 2. `slots` is the layout of a live `PerCpu<S>` whose `S` has an `AtomicIsize` at
-///    byte offset `off`, and `flags` outlives the call.
-/// 3. Those words obey [`rseq::add_if_clear`]'s contract (4): written only by this
-///    function, or by code that knows no section can commit to them.
+/// 2. The block's words obey [`rseq::add_if_clear`]'s contract (4): written only by
+///    this function, or by code that knows no section can commit to them.
 #[inline]
-pub(crate) unsafe fn add_if_clear(
-    area: Area,
-    flags: &AtomicUsize,
-    mask: usize,
-    slots: Layout,
-    off: usize,
-    delta: isize,
-) -> bool {
-    let (base, stride, ncpus) = slots;
+pub(crate) unsafe fn add_if_clear_block(area: Area, block: &AddBlock, mask: usize, delta: isize) -> bool {
+    let ncpus = block.ncpus;
+    if ncpus == 0 {
+        return false;
+    }
     #[cfg(not(scalemem_loom))]
     {
-        // SAFETY: (1) area from this thread; (2) the words lie in the live PerCpu
-        // mapping at base + off + cpu * stride, 8-byte aligned (AtomicIsize), and `flags`
-        // is a live AtomicUsize; (3) passed on.
-        unsafe { rseq::add_if_clear(area.ptr, flags.as_ptr(), mask, base.add(off).cast(), stride, ncpus, delta) }
+        // SAFETY: (1) area from this thread. The block is a live repr(C) AddBlock: its
+        // first two words are the flags (an AtomicUsize) and the fixed words address,
+        // 8-byte aligned. Its `ncpus` words at BLOCK_STRIDE apart lie in the live PerCpu
+        // mapping it was built over (`new` checked the stride); (2) passed on.
+        unsafe { rseq::add_if_clear_in(area.ptr, (block as *const AddBlock).cast(), mask, ncpus, delta) }
     }
     #[cfg(scalemem_loom)]
     {
@@ -159,11 +191,11 @@ pub(crate) unsafe fn add_if_clear(
         }
         model::section(cpu, || {
             // Acquire: a plain x86 load (see the module documentation).
-            if flags.load(crate::sync::atomic::Ordering::Acquire) & mask != 0 {
+            if block.flags.load(crate::sync::atomic::Ordering::Acquire) & mask != 0 {
                 return false;
             }
-            // SAFETY: (2) slot `cpu` holds an AtomicIsize at `off`.
-            let word = unsafe { &*base.add(cpu * stride + off).cast::<AtomicIsize>() };
+            // SAFETY: the block was built over live AtomicIsize words `stride` apart.
+            let word = unsafe { &*((block.words + cpu * block.stride) as *const AtomicIsize) };
             // Relaxed load, Release store: the plain `add` to memory; the section lock
             // orders it against every other writer of the word.
             let v = word.load(crate::sync::atomic::Ordering::Relaxed);
@@ -212,7 +244,7 @@ pub(crate) unsafe fn add_if_key(area: Area, blocks: Layout, key_off: usize, key:
             if lock.load(Ordering::Acquire) != 0 || key_word.load(Ordering::Acquire) != key {
                 return false;
             }
-            // Relaxed/Release: the plain `add` to memory, as in add_if_clear.
+            // Relaxed/Release: the plain `add` to memory, as in add_if_clear_block.
             let v = delta_word.load(Ordering::Relaxed);
             delta_word.store(v.wrapping_add(delta), Ordering::Release);
             true
