@@ -558,10 +558,10 @@ mod tests {
 // --- Conditional sections for `refcount` (appended; see "Conditional sections" above) ---
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom)))]
-pub use x86_64_conditional::{add_if_clear, add_if_clear_in, add_if_key, try_lock};
+pub use x86_64_conditional::{add_if_clear, add_if_clear_in, add_if_key, add_if_key_in, try_lock};
 
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom))))]
-pub use fallback_conditional::{add_if_clear, add_if_clear_in, add_if_key, try_lock};
+pub use fallback_conditional::{add_if_clear, add_if_clear_in, add_if_key, add_if_key_in, try_lock};
 
 /// The distance in bytes between two CPUs' words for [`add_if_clear_in`]: the slot
 /// stride of a [`PerCpu`](crate::cpu::PerCpu) of any type of at most 128 bytes.
@@ -867,6 +867,96 @@ mod x86_64_conditional {
         ok != 0
     }
 
+    /// [`add_if_key`] for a structure that keeps the address of CPU 0's block in a word
+    /// the section reads itself (`*base_word`), next to whatever else its hot path
+    /// reads: the block address then depends on one load fewer before the section (see
+    /// [`add_if_clear_in`]). Otherwise the same: if the current CPU's lock is free and
+    /// its key word at `key_off` equals `key`, adds `delta` to the word after it.
+    ///
+    /// # Safety
+    /// As [`add_if_key`], with `base` the value of `*base_word`, which is valid for an
+    /// 8-byte-aligned read for the duration of the call and does not change while
+    /// anyone may call this function with it.
+    ///
+    /// ```
+    /// use scalemem::cpu::{possible, rseq};
+    ///
+    /// let n = possible();
+    /// let mut blocks = vec![[0usize; 3]; n]; // { lock, key, delta } per CPU
+    /// for block in &mut blocks { block[1] = 42; }
+    /// let base_word = blocks.as_mut_ptr() as usize;
+    /// if let Some(area) = rseq::thread_area() {
+    ///     // SAFETY: `area` is this thread's; `base_word` names `n` free blocks 24 bytes
+    ///     // apart that only these sections write.
+    ///     unsafe {
+    ///         assert!(rseq::add_if_key_in(area, &base_word, 24, n, 8, 42, 3));
+    ///         assert!(!rseq::add_if_key_in(area, &base_word, 24, n, 8, 7, 3)); // another key
+    ///     }
+    ///     assert_eq!(blocks.iter().map(|b| b[2]).sum::<usize>(), 3);
+    /// }
+    /// ```
+    #[inline]
+    pub unsafe fn add_if_key_in(
+        area: *mut u8,
+        base_word: *const usize,
+        stride: usize,
+        ncpus: usize,
+        key_off: usize,
+        key: usize,
+        delta: isize,
+    ) -> bool {
+        let ok: u32;
+        // SAFETY: as in `add_if_key`; the base word is only read.
+        unsafe {
+            core::arch::asm!(
+                ".pushsection __rseq_cs, \"aw\"",
+                ".balign 32",
+                "3:",
+                ".long 0, 0",
+                ".quad 4f, (5f - 4f), 6f",
+                ".popsection",
+                "xor {ok:e}, {ok:e}",
+                "2:",
+                "lea {blk}, [rip + 3b]",
+                "mov qword ptr [{area} + {rseq_cs}], {blk}",
+                "4:",
+                "mov {blk:e}, dword ptr [{area} + {cpu_id}]",
+                "cmp {blk}, {ncpus}",
+                "jae 9f",
+                "imul {blk}, {stride}",
+                "add {blk}, qword ptr [{base_word}]",
+                "cmp qword ptr [{blk}], 0",
+                "jne 9f",
+                "cmp qword ptr [{blk} + {key_off}], {key}",
+                "jne 9f",
+                // The commit.
+                "add qword ptr [{blk} + {key_off} + 8], {delta}",
+                "5:",
+                "mov {ok:e}, 1",
+                "jmp 9f",
+                ".byte 0x0f, 0xb9, 0x3d",
+                ".long {signature}",
+                "6:",
+                "jmp 2b",
+                "9:",
+                area = in(reg) area,
+                base_word = in(reg) base_word,
+                stride = in(reg) stride,
+                ncpus = in(reg) ncpus,
+                key_off = in(reg) key_off,
+                key = in(reg) key,
+                delta = in(reg) delta,
+                blk = out(reg) _,
+                ok = out(reg) ok,
+                rseq_cs = const RSEQ_CS,
+                cpu_id = const CPU_ID,
+                signature = const SIGNATURE,
+                options(nostack),
+            );
+        }
+        ok != 0
+    }
+
     /// Takes the current CPU's lock: if the word at `base + cpu * stride` is zero, stores
     /// `token` there (the commit) and returns `Some(cpu)`. Returns `None`, having changed
     /// nothing, if the word is not zero or the CPU number is not below `ncpus`.
@@ -985,6 +1075,23 @@ mod fallback_conditional {
         _block: *const usize,
         _mask: usize,
         _ncpus: usize,
+        _delta: isize,
+    ) -> bool {
+        false
+    }
+
+    /// No rseq on this target: returns `false` and changes nothing.
+    ///
+    /// # Safety
+    /// None needed; `unsafe` only to match the x86_64 signature.
+    #[inline]
+    pub unsafe fn add_if_key_in(
+        _area: *mut u8,
+        _base_word: *const usize,
+        _stride: usize,
+        _ncpus: usize,
+        _key_off: usize,
+        _key: usize,
         _delta: isize,
     ) -> bool {
         false

@@ -26,7 +26,7 @@
 //!
 //! The fast paths are rseq critical sections that test a condition and commit with one
 //! `add` ([`cpu::rseq::add_if_clear_in`](crate::cpu::rseq::add_if_clear_in),
-//! [`add_if_key`](crate::cpu::rseq::add_if_key)), and the slow sides close per-CPU words
+//! [`add_if_key_in`](crate::cpu::rseq::add_if_key_in)), and the slow sides close per-CPU words
 //! with the rseq fence ([`heavy_rseq`](crate::cpu::fence::heavy_rseq)) instead of an RCU
 //! grace period: it waits for exactly the in-flight sections that matter. Where the
 //! process has no rseq or the kernel no rseq fence, both structures use per-CPU atomic

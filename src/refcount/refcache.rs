@@ -62,7 +62,7 @@
 //!
 //! Each cache starts with a lock word (0 = free). Everything but the hit path holds it.
 //!
-//! - **Hit** (local, rseq): [`rseq::add_if_key`](crate::cpu::rseq::add_if_key): "if
+//! - **Hit** (local, rseq): [`rseq::add_if_key_in`](crate::cpu::rseq::add_if_key_in): "if
 //!   this CPU's lock is free and its way holds `o`, add `±1` to the way's delta", one
 //!   committing `add`, no atomic instruction. A few nanoseconds.
 //! - **Miss** (local, rseq): [`rseq::try_lock`](crate::cpu::rseq::try_lock) takes the
@@ -251,6 +251,9 @@ struct ReviewList {
 /// The shared state of a [`Refcache`] (boxed, so that handles and the ticker can point
 /// to it).
 pub(crate) struct Domain {
+    /// Where `caches`' blocks are, for the hit section (read together with the rest of
+    /// the hit path's words).
+    blocks: section::Blocks,
     caches: PerCpu<Cache>,
     /// `G`.
     epoch: CachePadded<AtomicUsize>,
@@ -291,8 +294,11 @@ impl Drop for Advancing<'_> {
 impl Domain {
     fn new() -> Result<Self, AllocError> {
         const FIRST_EPOCH: usize = 1;
+        let caches = PerCpu::new(|_| Cache::new(FIRST_EPOCH))?;
+        let sections = section::usable();
         Ok(Self {
-            caches: PerCpu::new(|_| Cache::new(FIRST_EPOCH))?,
+            blocks: section::Blocks::new(caches.raw_parts(), sections),
+            caches,
             epoch: CachePadded::new(AtomicUsize::new(FIRST_EPOCH)),
             inbox: CachePadded::new(AtomicPtr::new(core::ptr::null_mut())),
             advancing: AtomicBool::new(false),
@@ -300,7 +306,7 @@ impl Domain {
             pending: AtomicUsize::new(0),
             allocated: AtomicUsize::new(0),
             freed: AtomicUsize::new(0),
-            sections: section::usable(),
+            sections,
             stop: AtomicBool::new(false),
         })
     }
@@ -314,7 +320,7 @@ impl Domain {
     #[inline]
     pub(crate) fn add(&self, obj: NonNull<Header>, delta: isize) {
         let key = obj.as_ptr() as usize;
-        if self.sections {
+        if self.blocks.sections() {
             let Some(area) = section::area() else { return self.apply(obj, delta) };
             let key_off = offset_of!(Cache, ways) + way_index(key) * size_of::<Way>();
             // SAFETY: (1) `area` is this thread's. (2) `caches` is our live PerCpu<Cache>,
@@ -322,7 +328,7 @@ impl Domain {
             // followed by the delta. (3) Keys and deltas are written only by these
             // sections and by lock holders (local via try_lock, remote after the fence
             // and token check), per the module protocol.
-            if unsafe { section::add_if_key(area, self.caches.raw_parts(), key_off, key, delta) } {
+            if unsafe { section::add_if_key_block(area, &self.blocks, PerCpu::<Cache>::STRIDE, key_off, key, delta) } {
                 return;
             }
             return self.add_slow_section(area, obj, delta);

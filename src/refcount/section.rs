@@ -205,27 +205,64 @@ pub(crate) unsafe fn add_if_clear_block(area: Area, block: &AddBlock, mask: usiz
     }
 }
 
-/// [`rseq::add_if_key`] on the blocks of `blocks` (lock word at offset 0, key word at
-/// `key_off`, delta word at `key_off + 8`).
+/// Where a structure's per-CPU blocks are, for [`add_if_key_block`]: the address of CPU
+/// 0's block, and the number of blocks (0 when the structure does not use sections).
+/// Fixed once built.
+#[repr(C)]
+pub(crate) struct Blocks {
+    base: usize,
+    ncpus: usize,
+}
+
+impl Blocks {
+    /// The blocks of `layout`, used by sections if `sections`.
+    pub(crate) fn new(layout: Layout, sections: bool) -> Self {
+        let (base, _stride, ncpus) = layout;
+        Self { base: base as usize, ncpus: if sections { ncpus } else { 0 } }
+    }
+
+    /// Whether the structure uses sections.
+    #[inline]
+    pub(crate) fn sections(&self) -> bool {
+        self.ncpus != 0
+    }
+}
+
+/// [`rseq::add_if_key_in`] on the blocks `blocks` names, `stride` bytes apart (lock word
+/// at offset 0, key word at `key_off`, delta word at `key_off + 8`): the section reads
+/// the blocks' address itself. `false`, nothing done, also when the blocks are not used
+/// by sections.
 ///
 /// # Safety
 /// 1. `area` comes from [`area`] on the calling thread.
-/// 2. `blocks` is the layout of a live `PerCpu<B>` whose `B` starts with an
-///    `AtomicUsize` lock and has an `AtomicUsize` key at `key_off` followed by an
-///    `AtomicIsize` delta.
+/// 2. `blocks` was built from the layout of a live `PerCpu<B>` whose stride is `stride`
+///    and whose `B` starts with an `AtomicUsize` lock and has an `AtomicUsize` key at
+///    `key_off` followed by an `AtomicIsize` delta.
 /// 3. [`rseq::add_if_key`]'s contract (3) holds for those words.
 #[inline]
-pub(crate) unsafe fn add_if_key(area: Area, blocks: Layout, key_off: usize, key: usize, delta: isize) -> bool {
-    let (base, stride, ncpus) = blocks;
+pub(crate) unsafe fn add_if_key_block(
+    area: Area,
+    blocks: &Blocks,
+    stride: usize,
+    key_off: usize,
+    key: usize,
+    delta: isize,
+) -> bool {
+    let ncpus = blocks.ncpus;
+    if ncpus == 0 {
+        return false;
+    }
     #[cfg(not(scalemem_loom))]
     {
-        // SAFETY: (1)-(3) passed on; the words are 8-byte-aligned atomics in the mapping.
-        unsafe { rseq::add_if_key(area.ptr, base, stride, ncpus, key_off, key, delta) }
+        // SAFETY: (1)-(3) passed on; the words are 8-byte-aligned atomics in the
+        // mapping, and `blocks.base` is a fixed, aligned word that outlives the call.
+        unsafe { rseq::add_if_key_in(area.ptr, &blocks.base, stride, ncpus, key_off, key, delta) }
     }
     #[cfg(scalemem_loom)]
     {
         use crate::sync::atomic::Ordering;
         let _ = area;
+        let base = blocks.base as *mut u8;
         let cpu = crate::cpu::current();
         if cpu >= ncpus {
             return false;
