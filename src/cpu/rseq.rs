@@ -118,6 +118,13 @@
 //!   section means no [`add_if_key`] on that CPU is in flight (it would have been
 //!   preempted, so restarted) and none that starts later commits (it sees the token).
 //!
+//! [`add_if_clear_in`] and [`add_if_key_in`] are the same sections for hot paths: the
+//! section itself loads the flags word and the address of CPU 0's word (or block) from
+//! a small block the structure keeps on the line its hot path reads anyway, and
+//! `add_if_clear_in` multiplies by the constant [`BLOCK_STRIDE`]. Fewer loads stand
+//! between the CPU number and the committing `add`: a `PercpuRef` get + put went from
+//! about 7 to 5 ns on the AMD host (`BENCHMARKS.md`).
+//!
 //! The lock word of [`add_if_key`]/[`try_lock`] is the one word here that other threads
 //! also write with atomics: a thread on another CPU may take it with a compare-exchange
 //! from zero and release it with a store. A remote compare-exchange can land between a
