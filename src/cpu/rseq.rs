@@ -820,58 +820,11 @@ mod x86_64_conditional {
         key: usize,
         delta: isize,
     ) -> bool {
-        let ok: u32;
-        // SAFETY: as in `add`: this thread's live area (1), the block of a CPU below
-        // `ncpus` (2), whose delta word only these sections or the lock holder write (3).
-        // Both tests lie between start_ip and the commit, which is the last instruction.
-        unsafe {
-            core::arch::asm!(
-                ".pushsection __rseq_cs, \"aw\"",
-                ".balign 32",
-                "3:",
-                ".long 0, 0",
-                ".quad 4f, (5f - 4f), 6f",
-                ".popsection",
-                "xor {ok:e}, {ok:e}",
-                "2:",
-                "lea {blk}, [rip + 3b]",
-                "mov qword ptr [{area} + {rseq_cs}], {blk}",
-                "4:",
-                "mov {blk:e}, dword ptr [{area} + {cpu_id}]",
-                "cmp {blk}, {ncpus}",
-                "jae 9f",
-                "imul {blk}, {stride}",
-                "add {blk}, {base}",
-                "cmp qword ptr [{blk}], 0",
-                "jne 9f",
-                "cmp qword ptr [{blk} + {key_off}], {key}",
-                "jne 9f",
-                // The commit.
-                "add qword ptr [{blk} + {key_off} + 8], {delta}",
-                "5:",
-                "mov {ok:e}, 1",
-                "jmp 9f",
-                ".byte 0x0f, 0xb9, 0x3d",
-                ".long {signature}",
-                "6:",
-                "jmp 2b",
-                "9:",
-                area = in(reg) area,
-                base = in(reg) base,
-                stride = in(reg) stride,
-                ncpus = in(reg) ncpus,
-                key_off = in(reg) key_off,
-                key = in(reg) key,
-                delta = in(reg) delta,
-                blk = out(reg) _,
-                ok = out(reg) ok,
-                rseq_cs = const RSEQ_CS,
-                cpu_id = const CPU_ID,
-                signature = const SIGNATURE,
-                options(nostack),
-            );
-        }
-        ok != 0
+        // The same section, with the base in a word of our own that the section reads.
+        let base_word = base as usize;
+        // SAFETY: the caller's (1)-(3); `base_word` is an aligned local that outlives the
+        // call and does not change.
+        unsafe { add_if_key_in(area, &base_word, stride, ncpus, key_off, key, delta) }
     }
 
     /// [`add_if_key`] for a structure that keeps the address of CPU 0's block in a word

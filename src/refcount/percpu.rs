@@ -200,11 +200,8 @@ impl RawRef {
                 slot.atomic.store(SEALED, Ordering::Relaxed);
             }
         }
-        let off = offset_of!(Slot, rseq);
-        let (block, sections) = match section::AddBlock::new(mode, slots.raw_parts(), off, section::usable()) {
-            Some(block) => (block, section::usable()),
-            None => (section::AddBlock::new(mode, slots.raw_parts(), off, false).ok_or(AllocError)?, false),
-        };
+        let block = section::AddBlock::new(mode, slots.raw_parts(), offset_of!(Slot, rseq), section::usable());
+        let sections = block.sections();
         Ok(Self {
             hot: CachePadded::new(Hot { block, count: AtomicUsize::new(count) }),
             slots,

@@ -142,21 +142,24 @@ pub(crate) struct AddBlock {
 
 impl AddBlock {
     /// A block over the `isize` words at byte offset `off` of every slot of `slots`,
-    /// with flags `flags`. `None` if the slots' stride is not the one the sections
-    /// assume: the caller then does without sections.
-    pub(crate) fn new(flags: usize, slots: Layout, off: usize, sections: bool) -> Option<Self> {
+    /// with flags `flags`, used by sections if `sections` and the slots' stride is the
+    /// one the sections assume (it is for every `PerCpu` slot of at most 128 bytes).
+    pub(crate) fn new(flags: usize, slots: Layout, off: usize, sections: bool) -> Self {
         let (base, stride, ncpus) = slots;
         #[cfg(not(scalemem_loom))]
-        if sections && stride != rseq::BLOCK_STRIDE {
-            return None;
-        }
-        Some(Self {
+        let sections = sections && stride == rseq::BLOCK_STRIDE;
+        Self {
             flags: AtomicUsize::new(flags),
             words: base as usize + off,
             ncpus: if sections { ncpus } else { 0 },
             #[cfg(scalemem_loom)]
             stride,
-        })
+        }
+    }
+
+    /// Whether [`add_if_clear_block`] may commit on this block.
+    pub(crate) fn sections(&self) -> bool {
+        self.ncpus != 0
     }
 }
 
