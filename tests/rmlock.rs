@@ -239,6 +239,68 @@ fn leak_guards_then_read_fresh_locks() {
     }
 }
 
+/// A thread that exits while a leaked guard still holds its reader slot must not give
+/// the slot's record back: a later thread claiming it would clear or reuse the slot, and
+/// the leaked hold (which keeps writers out, as with `std`) would vanish.
+#[test]
+fn a_guard_leaked_by_an_exited_thread_keeps_writers_out() {
+    let lock = Arc::new(RmLock::new(0u32));
+    {
+        let lock = lock.clone();
+        thread::spawn(move || std::mem::forget(lock.read())).join().unwrap();
+    }
+    assert!(lock.try_write().is_none(), "the leaked hold vanished at thread exit");
+    // Threads come and go, claiming and giving back records (including any the
+    // exited thread could have given back).
+    for round in 0..64u32 {
+        let other = Arc::new(RmLock::new(round));
+        let reader = {
+            let other = other.clone();
+            thread::spawn(move || {
+                let _nested = (other.read(), other.read());
+                *other.read()
+            })
+        };
+        assert_eq!(reader.join().unwrap(), round);
+        assert!(other.try_write().is_some(), "a reader that left still looks inside");
+        assert!(lock.try_write().is_none(), "a later thread cleared the leaked hold");
+    }
+}
+
+/// Reads from a thread-local destructor (which may run after the lock's thread-exit
+/// hook gave this thread's reader record back) still count, and writes still exclude
+/// them.
+#[test]
+fn reads_from_thread_local_destructors_still_count() {
+    static LOCK: std::sync::LazyLock<RmLock<u64>> = std::sync::LazyLock::new(|| RmLock::new(0));
+    struct ReadOnExit;
+    impl Drop for ReadOnExit {
+        fn drop(&mut self) {
+            let guard = LOCK.read();
+            let before = *guard;
+            assert!(LOCK.try_write().is_none(), "a read in a thread-local destructor was not counted");
+            assert_eq!(*guard, before);
+            drop(guard);
+            *LOCK.write() += 1;
+        }
+    }
+    thread_local! {
+        static ON_EXIT: ReadOnExit = const { ReadOnExit };
+    }
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            thread::spawn(|| {
+                ON_EXIT.with(|_| {});
+                let _ = *LOCK.read();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(*LOCK.read(), 8);
+}
+
 // --- Writer starvation ---
 
 /// Two readers hand the lock to each other so that one of them is always inside: a

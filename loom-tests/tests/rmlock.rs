@@ -215,7 +215,8 @@ fn try_write_and_try_read_exclude_each_other() {
 
 /// A reader that arrives after the writer has read its CPU's counts, sees the flag and
 /// backs out on the other CPU must not cancel the arrival of a reader still inside (the
-/// reason for separate arrival and departure counts, read departures first).
+/// reason for separate arrival and departure counts, read departures first). Both
+/// readers use the per-CPU counts (the path of threads without a free reader slot).
 #[test]
 fn migrating_back_out_cannot_hide_a_reader() {
     run_model("rmlock: back-out on another CPU vs a reader inside", || {
@@ -224,6 +225,7 @@ fn migrating_back_out_cannot_hide_a_reader() {
         let holder = {
             let (lock, to_writer, to_latecomer) = (lock.clone(), to_writer.clone(), to_latecomer.clone());
             thread::spawn(move || {
+                scalemem::rmlock::loom_read_with_counts();
                 let guard = lock.read();
                 to_writer.set();
                 to_latecomer.set();
@@ -233,6 +235,7 @@ fn migrating_back_out_cannot_hide_a_reader() {
         let latecomer = {
             let lock = lock.clone();
             thread::spawn(move || {
+                scalemem::rmlock::loom_read_with_counts();
                 to_latecomer.wait();
                 let _ = *lock.read();
             })
@@ -274,5 +277,68 @@ fn two_readers_and_a_writer() {
             reader.join().unwrap();
         }
         assert_eq!(*lock.read(), (1, 1));
+    });
+}
+
+/// A reader in a slot and a reader in the per-CPU counts, and a writer: the writer waits
+/// for both kinds (its check scans the slots and compares the counts), and wakes from
+/// either's departure.
+#[test]
+fn a_slot_reader_and_a_counted_reader_and_a_writer() {
+    run_model("rmlock: slot reader + counted reader + writer", || {
+        let lock = Arc::new(RmLock::new((0usize, 0usize)));
+        let readers: Vec<_> = (0..2)
+            .map(|counted| {
+                let lock = lock.clone();
+                thread::spawn(move || {
+                    if counted == 1 {
+                        scalemem::rmlock::loom_read_with_counts();
+                    }
+                    let (a, b) = *lock.read();
+                    assert_eq!(a, b, "a reader saw a writer's update half made");
+                })
+            })
+            .collect();
+        {
+            let mut pair = lock.write();
+            pair.0 += 1;
+            pair.1 += 1;
+        }
+        for reader in readers {
+            reader.join().unwrap();
+        }
+    });
+}
+
+/// A thread leaves lock `a` and at once reuses the same slot for lock `b` (under loom
+/// every lock's home is slot 0) while a writer of `a` scans: whatever value of the slot
+/// the writer reads (`a`'s tag, 0, or `b`'s tag), the reader's access to `a` happens
+/// before the writer's (every store to a slot is Release). A second reader thread
+/// started after the first has ended claims its given-back record.
+#[test]
+fn a_slot_reused_for_another_lock_still_orders_the_first() {
+    run_model("rmlock: slot reused by another lock vs a writer of the first", || {
+        let a = Arc::new(RmLock::new(0usize));
+        let b = Arc::new(RmLock::new(0usize));
+        let reader = {
+            let (a, b) = (a.clone(), b.clone());
+            thread::spawn(move || {
+                let seen = *a.read();
+                assert!(seen == 0 || seen == 1);
+                let guard = b.read();
+                assert_eq!(*guard, 0);
+            })
+        };
+        *a.write() = 1;
+        reader.join().unwrap();
+        let late = {
+            let a = a.clone();
+            thread::spawn(move || {
+                let seen = *a.read();
+                assert!(seen == 1 || seen == 2, "the late reader saw {seen}");
+            })
+        };
+        *a.write() = 2;
+        late.join().unwrap();
     });
 }

@@ -5,7 +5,7 @@ use core::fmt;
 use core::marker::PhantomData;
 use core::ops::{Deref, DerefMut};
 
-use super::raw::RawRmLock;
+use super::raw::{RawRmLock, Ticket};
 use crate::sync::UnsafeCell;
 use crate::util::AllocError;
 
@@ -58,7 +58,7 @@ unsafe impl<T: ?Sized + Send + Sync> Sync for RmLock<T> {}
 /// Shared access to an [`RmLock`]'s value; the read lock is released when it drops.
 ///
 /// Not `Send`: the release must run on the thread that acquired (it updates that
-/// thread's recursion table).
+/// thread's reader slot).
 ///
 /// ```compile_fail
 /// let lock = scalemem::rmlock::RmLock::new(0);
@@ -70,8 +70,8 @@ unsafe impl<T: ?Sized + Send + Sync> Sync for RmLock<T> {}
 #[must_use = "the read lock is released as soon as the guard is dropped"]
 pub struct RmReadGuard<'a, T: ?Sized> {
     lock: &'a RmLock<T>,
-    /// The entry of `lock` in this thread's recursion table, or `recursion::UNTRACKED`.
-    entry: u8,
+    /// How this thread's hold is recorded (its reader slot, or the per-CPU counts).
+    ticket: Ticket,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -148,18 +148,21 @@ impl<T> RmLock<T> {
 impl<T: ?Sized> RmLock<T> {
     /// Locks for reading, waiting while a writer holds the lock or waits for it.
     ///
-    /// Cost without a writer: a lookup in this thread's recursion table, an rseq add to
-    /// this CPU's arrival count (or an uncontended `fetch_add` without rseq), a compiler
-    /// fence and a load of the writer flag; the release is the same with the departure
-    /// count. No shared cache line is written, nothing allocates. With the symmetric
+    /// Cost without a writer: a load and a store of a slot in this thread's own reader
+    /// record, a compiler fence and a load of the writer flag; the release is a load and
+    /// a store of the slot, a compiler fence and a load of the flag. No shared cache
+    /// line is written, nothing allocates (a thread's first read claims its record,
+    /// mapping a page from the kernel when every record is taken). With the symmetric
     /// fence fallback each side adds a SeqCst fence.
     ///
     /// Recursion: a thread that already holds this lock for reading gets another guard
     /// at once, even while a writer waits (the writer waits for the outer guard anyway),
-    /// for up to 8 different locks held at once per thread; guards may be dropped in any
-    /// order. A thread reading a 9th lock while it holds 8 others reads it untracked,
-    /// and a nested read of *that* lock may deadlock against a waiting writer, as nested
-    /// reads of `std::sync::RwLock` may (use [`try_read`](Self::try_read) there).
+    /// for up to 8 different locks held at once per thread; guards may be dropped in
+    /// any order. A thread reading a 9th lock while it
+    /// holds 8 others is counted in the lock's per-CPU counts instead (as is a thread
+    /// reading from a thread-local destructor after its exit hook ran), and a nested
+    /// read of *that* lock may deadlock against a waiting writer, as nested reads of
+    /// `std::sync::RwLock` may (use [`try_read`](Self::try_read) there).
     ///
     /// # Panics
     /// If this thread holds the write lock: waiting for itself would never end.
@@ -173,8 +176,8 @@ impl<T: ?Sized> RmLock<T> {
     /// ```
     #[inline]
     pub fn read(&self) -> RmReadGuard<'_, T> {
-        let entry = self.raw.read_lock();
-        RmReadGuard { lock: self, entry, _not_send: PhantomData }
+        let ticket = self.raw.read_lock();
+        RmReadGuard { lock: self, ticket, _not_send: PhantomData }
     }
 
     /// Locks for reading if no writer holds the lock or waits for it (or this thread
@@ -194,8 +197,8 @@ impl<T: ?Sized> RmLock<T> {
     /// ```
     #[inline]
     pub fn try_read(&self) -> Option<RmReadGuard<'_, T>> {
-        let entry = self.raw.try_read_lock()?;
-        Some(RmReadGuard { lock: self, entry, _not_send: PhantomData })
+        let ticket = self.raw.try_read_lock()?;
+        Some(RmReadGuard { lock: self, ticket, _not_send: PhantomData })
     }
 
     /// Locks for writing: takes the writers' mutex (which is the writer flag), issues a
@@ -268,7 +271,7 @@ impl<T: ?Sized> RmLock<T> {
 impl<T: ?Sized> Drop for RmReadGuard<'_, T> {
     #[inline]
     fn drop(&mut self) {
-        self.lock.raw.read_unlock(self.entry);
+        self.lock.raw.read_unlock(self.ticket);
     }
 }
 

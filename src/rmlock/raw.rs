@@ -1,11 +1,12 @@
 //! [`RawRmLock`]: the lock's protocol without the value: the writer flag and the
 //! writers' mutex (`state`), the word a writer sleeps on while readers leave (`drain`),
-//! the per-CPU reader counts and the recursion table. Not generic, so the slow paths are
-//! compiled once and the fast paths inline into each `RmLock<T>`. The protocol and its
+//! the lock's tag in the threads' reader slots, and the per-CPU reader counts. Not
+//! generic, so the slow paths are compiled once and the fast paths inline into each
+//! `RmLock<T>`. The protocol and its
 //! argument are in the module doc of [`crate::rmlock`]; comments here name the step of
 //! it each access implements.
 
-use super::recursion::{self, Lookup, UNTRACKED};
+use super::slots::{self, Lookup, Record};
 use super::tracker::Readers;
 use crate::cpu::fence;
 use crate::sync::Futex;
@@ -32,6 +33,20 @@ const DRAIN_TICK: u32 = 2;
 /// their interleavings.
 const SPIN_FIRST: bool = !cfg!(scalemem_loom);
 
+/// How a read guard is held: in a slot of the thread's record (the slot's address), or
+/// counted per CPU (null).
+#[derive(Clone, Copy)]
+pub(super) struct Ticket(*const AtomicUsize);
+
+impl Ticket {
+    /// A hold counted in the per-CPU counts.
+    const COUNTED: Self = Self(core::ptr::null());
+
+    fn at(slot: &AtomicUsize) -> Self {
+        Self(slot)
+    }
+}
+
 /// The protocol state of one `RmLock`.
 pub(super) struct RawRmLock {
     /// [`WRITER`] | [`PARKED`]: the writer flag readers check, the writers' mutex, and
@@ -40,75 +55,167 @@ pub(super) struct RawRmLock {
     /// [`WRITER_SLEEPING`] + departure notices: the word the writer sleeps on while
     /// readers are inside.
     drain: Futex,
-    /// This lock's key in the threads' recursion tables; never reused.
-    id: u64,
-    /// The `recursion::thread_token` of the thread holding the write lock (0: none), to
+    /// This lock's tag in the threads' reader slots (a never-reused identity), and the
+    /// slot it tries first.
+    tag: usize,
+    home: usize,
+    /// The `slots::thread_token` of the thread holding the write lock (0: none), to
     /// turn a thread's wait for itself into a panic. Relaxed everywhere: a thread only
     /// ever compares it with its own token, which only that thread stores.
     owner: AtomicUsize,
-    /// Per-CPU arrival and departure counts.
+    /// Per-CPU arrival and departure counts, for readers without a free slot.
     readers: Readers,
 }
 
 impl RawRmLock {
     /// An unlocked lock. Fails only if the kernel refuses memory for the counts.
     pub(super) fn try_new() -> Result<Self, AllocError> {
+        let tag = slots::tag_of(crate::sync::unique_id());
         Ok(Self {
             state: Futex::new(0),
             drain: Futex::new(0),
-            id: crate::sync::unique_id(),
+            tag,
+            home: slots::home_of(tag),
             owner: AtomicUsize::new(0),
             readers: Readers::try_new()?,
         })
     }
 
-    /// Read lock, waiting while a writer holds the lock or waits for it. Returns the
-    /// recursion-table entry the guard must hand back to [`read_unlock`](Self::read_unlock).
+    /// Read lock, waiting while a writer holds the lock or waits for it. Returns how the
+    /// hold is recorded, for [`read_unlock`](Self::read_unlock). The fast path: the
+    /// thread's home slot for this lock is free (its first read of it) or holds it
+    /// already (a nested read).
     #[inline]
-    pub(super) fn read_lock(&self) -> u8 {
-        let entry = match recursion::lookup(self.id) {
-            Lookup::Held(entry) => {
-                recursion::nest(entry);
-                return entry;
+    pub(super) fn read_lock(&self) -> Ticket {
+        if let Some(record) = slots::mine() {
+            let slot = record.slot(self.home);
+            let word = slots::own(slot);
+            if word == 0 && self.try_enter(slot) {
+                return Ticket::at(slot);
             }
-            Lookup::Free(entry) => entry,
-            Lookup::Full => UNTRACKED,
-        };
-        if !self.try_arrive() {
-            self.arrive_slow();
+            if word == self.tag {
+                Self::nest(slot);
+                return Ticket::at(slot);
+            }
         }
-        if entry != UNTRACKED {
-            recursion::claim(entry, self.id);
+        self.read_lock_slow()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn read_lock_slow(&self) -> Ticket {
+        // A writer that holds the lock and reads it would wait for itself forever.
+        // Relaxed: only this thread stores its own token (see `owner`).
+        if self.owner.load(Ordering::Relaxed) == slots::thread_token() {
+            panic!("RmLock::read: this thread holds the write lock (it would wait for itself)");
         }
-        entry
+        match slots::mine().map_or(Lookup::Full, |record| record.lookup(self.tag)) {
+            Lookup::Held(slot) => {
+                Self::nest(slot);
+                Ticket::at(slot)
+            }
+            Lookup::Free(slot) => loop {
+                self.wait_while_write_locked();
+                if self.try_enter(slot) {
+                    return Ticket::at(slot);
+                }
+            },
+            Lookup::Full => {
+                if !self.try_arrive() {
+                    self.arrive_slow();
+                }
+                Ticket::COUNTED
+            }
+        }
     }
 
     /// Read lock if no writer holds the lock or waits for it, or this thread holds it
     /// for reading already; never waits.
     #[inline]
-    pub(super) fn try_read_lock(&self) -> Option<u8> {
-        let entry = match recursion::lookup(self.id) {
-            Lookup::Held(entry) => {
-                recursion::nest(entry);
-                return Some(entry);
+    pub(super) fn try_read_lock(&self) -> Option<Ticket> {
+        match slots::mine().map_or(Lookup::Full, |record| record.lookup(self.tag)) {
+            Lookup::Held(slot) => {
+                Self::nest(slot);
+                Some(Ticket::at(slot))
             }
-            Lookup::Free(entry) => entry,
-            Lookup::Full => UNTRACKED,
-        };
-        if !self.try_arrive() {
-            return None;
+            Lookup::Free(slot) => self.try_enter(slot).then(|| Ticket::at(slot)),
+            Lookup::Full => self.try_arrive().then_some(Ticket::COUNTED),
         }
-        if entry != UNTRACKED {
-            recursion::claim(entry, self.id);
-        }
-        Some(entry)
     }
 
-    /// Releases a read lock taken with the recursion-table `entry`.
+    /// Releases a read lock held as `ticket`.
     #[inline]
-    pub(super) fn read_unlock(&self, entry: u8) {
-        if entry == UNTRACKED || recursion::release(entry) {
-            self.depart();
+    pub(super) fn read_unlock(&self, ticket: Ticket) {
+        // SAFETY: a non-null ticket is a slot of this thread's record (from `read_lock`
+        // or `try_read_lock` on this thread: guards are not `Send`); records are never
+        // freed.
+        match unsafe { ticket.0.as_ref() } {
+            Some(slot) => {
+                // SAFETY: a slot of a record (above).
+                let depth = unsafe { Record::depth_of(slot) };
+                let nested = slots::own(depth);
+                if nested == 0 {
+                    self.leave(slot);
+                } else {
+                    // Relaxed: only this thread reads its depths.
+                    depth.store(nested - 1, Ordering::Relaxed);
+                }
+            }
+            None => self.depart(),
+        }
+    }
+
+    /// A nested read of a lock held in `slot` (of this thread's record): one level
+    /// deeper. No flag check: the outer hold keeps writers out, and one waiting would
+    /// wait for us.
+    #[inline]
+    fn nest(slot: &AtomicUsize) {
+        // SAFETY: `slot` is a slot of this thread's record.
+        let depth = unsafe { Record::depth_of(slot) };
+        // Relaxed: only this thread reads its depths. (A depth cannot overflow: that
+        // takes 2^64 live guards.)
+        depth.store(slots::own(depth) + 1, Ordering::Relaxed);
+    }
+
+    /// Read acquire on the slot path, R1-R3: claim the free `slot`, light fence, check
+    /// the writer flag. On `false` the slot is free again (and the writer told) and the
+    /// caller must wait.
+    #[inline]
+    fn try_enter(&self, slot: &AtomicUsize) -> bool {
+        // R1. Release: every store to a slot is (see `slots`' module doc).
+        slot.store(self.tag, Ordering::Release);
+        // R2: pairs with the writer's heavy fence (W2): either the writer's scan sees
+        // our slot, or our load below sees its flag.
+        fence::light();
+        // R3. Acquire: pairs with the Release swap in `write_unlock` (W5), as in
+        // `try_arrive`.
+        if self.state.load(Ordering::Acquire) & WRITER == 0 {
+            return true;
+        }
+        self.back_out_of(slot);
+        false
+    }
+
+    /// A slot reader that saw the flag frees its slot again, having touched no data.
+    #[cold]
+    #[inline(never)]
+    fn back_out_of(&self, slot: &AtomicUsize) {
+        self.leave(slot);
+    }
+
+    /// Read release on the slot path, R4-R6: free the slot (a Release store), light
+    /// fence, and tell a writer that waits for readers.
+    #[inline]
+    fn leave(&self, slot: &AtomicUsize) {
+        // R4-R5. Release: pairs with the Acquire loads of the writer's scan (W3): our
+        // critical section happens before whatever the writer does after it has seen
+        // the slot free (or holding anything else).
+        slot.store(0, Ordering::Release);
+        // R5: pairs with the writer's heavy fence (W2), as R2 does.
+        fence::light();
+        // R6. Relaxed: only decides whether to notify (see `notify_writer`).
+        if self.state.load(Ordering::Relaxed) & WRITER != 0 {
+            self.notify_writer();
         }
     }
 
@@ -142,11 +249,6 @@ impl RawRmLock {
     #[cold]
     #[inline(never)]
     fn arrive_slow(&self) {
-        // A writer that holds the lock and reads it would wait for itself forever.
-        // Relaxed: only this thread stores its own token (see `owner`).
-        if self.owner.load(Ordering::Relaxed) == recursion::thread_token() {
-            panic!("RmLock::read: this thread holds the write lock (it would wait for itself)");
-        }
         loop {
             self.wait_while_write_locked();
             if self.try_arrive() {
@@ -219,12 +321,12 @@ impl RawRmLock {
     /// Write lock: W1-W3. Panics if this thread holds the lock already (see
     /// `RmLock::write`).
     pub(super) fn write_lock(&self) {
-        let me = recursion::thread_token();
+        let me = slots::thread_token();
         // Relaxed: only this thread stores its own token (see `owner`).
         if self.owner.load(Ordering::Relaxed) == me {
             panic!("RmLock::write: this thread holds the write lock already");
         }
-        if recursion::holds(self.id) {
+        if slots::mine().is_some_and(|record| matches!(record.lookup(self.tag), Lookup::Held(_))) {
             panic!("RmLock::write: this thread holds a read guard of this lock (it would wait for itself)");
         }
         self.lock_writers(me);
@@ -239,13 +341,13 @@ impl RawRmLock {
         if self.state.compare_exchange(0, WRITER, Ordering::Acquire, Ordering::Relaxed).is_err() {
             return false;
         }
-        let me = recursion::thread_token();
+        let me = slots::thread_token();
         // Relaxed: see `owner`.
         self.owner.store(me, Ordering::Relaxed);
         // W2.
         fence::heavy();
         // W3, once.
-        if self.readers.all_departed() {
+        if self.all_left() {
             return true;
         }
         // Readers inside: let them be, and wake those that backed out meanwhile.
@@ -293,10 +395,19 @@ impl RawRmLock {
         }
     }
 
+    /// W3's check: no reader slot holds this lock and every counted reader has
+    /// departed.
+    ///
+    /// REQUIRES: called by the writer after W2 (see `slots::any_holds` and
+    /// `Readers::all_departed`).
+    fn all_left(&self) -> bool {
+        !slots::any_holds(self.tag) && self.readers.all_departed()
+    }
+
     /// W3: waits until every reader the writer can see has departed: spins, then sleeps
     /// on `drain` (woken by `notify_writer`).
     fn wait_for_readers(&self) {
-        if self.readers.all_departed() {
+        if self.all_left() {
             return;
         }
         self.wait_for_readers_slow();
@@ -308,14 +419,14 @@ impl RawRmLock {
         let backoff = Backoff::new();
         while SPIN_FIRST && !backoff.is_completed() {
             backoff.snooze();
-            if self.readers.all_departed() {
+            if self.all_left() {
                 return;
             }
         }
         loop {
             // SeqCst: pairs with the SeqCst fetch_add in `notify_writer` (see there).
             let seen = self.drain.fetch_or(WRITER_SLEEPING, Ordering::SeqCst) | WRITER_SLEEPING;
-            if self.readers.all_departed() {
+            if self.all_left() {
                 break;
             }
             self.drain.wait(seen);
