@@ -161,8 +161,16 @@ impl RawRmLock {
                     depth.store(nested - 1, Ordering::Relaxed);
                 }
             }
-            None => self.depart(),
+            None => self.depart_counted(),
         }
+    }
+
+    /// The release of a counted hold, out of line so that the slot path's code stays
+    /// small (the rseq section needs registers the slot path does not).
+    #[cold]
+    #[inline(never)]
+    fn depart_counted(&self) {
+        self.depart();
     }
 
     /// A nested read of a lock held in `slot` (of this thread's record): one level
