@@ -212,8 +212,8 @@ mod futex_imp {
     }
 }
 
-/// A process-wide source of unique, non-zero 64-bit identities (an `RmLock`'s key in the
-/// threads' recursion tables). Not modelled under loom: an identity synchronises nothing.
+/// A process-wide source of unique, non-zero 64-bit identities (an `RmLock`'s tag in the
+/// threads' reader slots). Not modelled under loom: an identity synchronises nothing.
 pub(crate) fn unique_id() -> u64 {
     static NEXT: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(1);
     // Relaxed: only uniqueness matters, and every fetch_add returns a distinct value.

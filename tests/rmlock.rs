@@ -1,5 +1,5 @@
 //! `rmlock`: the API, recursion with a waiting writer, self-deadlock diagnosis, the
-//! recursion table's limit, writer starvation under a constant stream of readers, a
+//! reader slots' limit, leaked guards and thread exit, writer starvation under a constant stream of readers, a
 //! 16-thread stress with migrating readers that checks an invariant under the lock, the
 //! symmetric-fence fallback (in child processes, so this binary's other tests keep the
 //! mode the environment chose), and that the read path never allocates.
