@@ -377,6 +377,8 @@ pub struct CacheBuilder {
     regions: Option<&'static Regions>,
     /// Whether the cache joins the registry (`global_stats`, the background reaper).
     registered: bool,
+    /// The tag of the cache's slab pages (`SlabCacheBuilder::page_tag`).
+    page_tag: u8,
 }
 
 impl fmt::Debug for CacheBuilder {
@@ -426,10 +428,16 @@ impl CacheBuilder {
         self
     }
 
+    /// Tags the cache's slab pages (`SlabCacheBuilder::page_tag`).
+    pub(crate) fn page_tag(mut self, tag: u8) -> Self {
+        self.page_tag = tag;
+        self
+    }
+
     /// Makes the cache. Fails for a size of zero or above [`MAX_SIZE`], an alignment
     /// that is not a power of two or is above [`PAGE`], or if the kernel refuses memory.
     pub fn build(self) -> Result<ObjectCache, CacheError> {
-        let Self { name, size, align, ctor, dtor, config, regions, registered } = self;
+        let Self { name, size, align, ctor, dtor, config, regions, registered, page_tag } = self;
         if size == 0 || size > MAX_SIZE || !align.is_power_of_two() || align > PAGE {
             return Err(CacheError::OutOfMemory);
         }
@@ -440,6 +448,7 @@ impl CacheBuilder {
         let slab = SlabCache::builder(regions, name, size, align)
             .checking(config.checking)
             .max_empty(config.max_empty_slabs)
+            .page_tag(page_tag)
             .build()?;
         let shared = Arc::new(Shared { slab, torn_down: AtomicUsize::new(0) });
         let for_release = Arc::clone(&shared);
@@ -564,6 +573,7 @@ impl ObjectCache {
             config: Config::default(),
             regions: None,
             registered: true,
+            page_tag: 0,
         }
     }
 

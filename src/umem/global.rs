@@ -35,8 +35,12 @@
 //! (`class_of(size, align)`; `realloc` keeps a block in place only when the new layout
 //! maps to the same path and class, so that `dealloc`'s layout always routes it
 //! back), and by its address for the C ones: the regions' registry (one bit per 2 MiB
-//! region, read without a lock) says whether a pointer is a slab object; its slab
-//! header names its size. Anything else is asked of the large heap.
+//! region, read without a lock; `free` keeps its address in a static) says whether a
+//! pointer is a slab object, and its page's tag in the region header (each class's slab
+//! pages are tagged class + 1 when their run is taken) names its class, so `free` finds
+//! the class in two loads and pushes onto the magazine. (`malloc_usable_size` and
+//! `realloc` read the size from the slab header.) Anything else is asked of the large
+//! heap.
 //!
 //! # No allocation through itself
 //!
@@ -97,7 +101,7 @@ use super::cache::{Config, ObjectCache};
 use super::cpu_cache::CpuCaches;
 use super::large::{self, LargeConfig, LargeHeap};
 use super::os;
-use super::region::{PAGE, Regions};
+use super::region::{self, PAGE, Regions};
 use super::sizeclass::{ClassIndex, NCLASSES, class_of, class_size};
 use crate::util::Backoff;
 
@@ -451,8 +455,15 @@ impl Heap {
             let size = class_size(class);
             let align = super::sizeclass::class_align(class);
             let config = Config { reaper: false, magazines: magazine_config(size), ..Config::default() };
-            if let Ok(cache) =
-                ObjectCache::builder(NAME, size, align).regions(&self.regions).config(config).unregistered().build()
+            // Class i's slab pages carry the tag i + 1 (NCLASSES < 255), which `free`
+            // reads to find the class in one load.
+            let tag = class.get() as u8 + 1;
+            if let Ok(cache) = ObjectCache::builder(NAME, size, align)
+                .regions(&self.regions)
+                .config(config)
+                .unregistered()
+                .page_tag(tag)
+                .build()
             {
                 // The box comes from the bootstrap arena (the guard is set): never freed.
                 c = Box::into_raw(Box::new(cache));
@@ -720,6 +731,36 @@ pub fn calloc(n: usize, size: usize) -> *mut u8 {
 #[inline]
 pub unsafe fn free(ptr: *mut u8) {
     let Some(nn) = NonNull::new(ptr) else { return };
+    let class = tagged_class(ptr);
+    if let Some(class) = class
+        && let Some(cpu) = fast(class)
+        && cpu.try_push(nn)
+    {
+        // A live object of that class's cache (its page's tag), freed once (the caller's
+        // contract): the global caches are never destroyed and never in checking mode,
+        // so a magazine push is all it needs (as in `Heap::free_block`).
+        return;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { free_rest(nn, class) };
+}
+
+/// `free` past a magazine push: size-class objects (`class`, from their page's tag)
+/// whose CPU's magazine is full, bootstrap blocks, large blocks, foreign pointers.
+///
+/// # Safety
+/// As [`free`]; `class` is `tagged_class(ptr)`.
+#[cold]
+#[inline(never)]
+unsafe fn free_rest(nn: NonNull<u8>, class: Option<ClassIndex>) {
+    let ptr = nn.as_ptr();
+    if let Some(class) = class
+        && let Some(heap) = heap_if_made()
+    {
+        // SAFETY: a live object of that class (its page's tag); freed once.
+        unsafe { heap.free_slow(nn, Some(class)) };
+        return;
+    }
     if boot_contains(ptr) {
         return;
     }
@@ -729,6 +770,48 @@ pub unsafe fn free(ptr: *mut u8) {
         // SAFETY: found live on that path; freed once (the caller's).
         unsafe { heap.free_block(nn, class) };
     }
+}
+
+// Every class index + 1 fits a page tag (0 means "no tag").
+const _: () = assert!(NCLASSES < u8::MAX as usize);
+
+/// The heap's region registry once it has one (`Regions::registry`; null before): what
+/// `free` tests a pointer against without reaching the heap. Set once, never changed
+/// (the heap's regions are never dropped).
+static REGISTRY: AtomicPtr<u64> = AtomicPtr::new(ptr::null_mut());
+
+/// The size class of a block in the heap's regions, from its page's tag (the registry
+/// bit, then one load from the region header); `None` for anything else (a large block,
+/// a bootstrap block, a foreign pointer, or no heap yet).
+#[inline]
+fn tagged_class(ptr: *const u8) -> Option<ClassIndex> {
+    // Acquire: pairs with the Release store in `registry`.
+    let mut registry = REGISTRY.load(Ordering::Acquire).cast_const();
+    if registry.is_null() {
+        registry = registry_slow()?;
+    }
+    // SAFETY: the global heap's registry, which lives forever.
+    if !unsafe { region::registry_has(registry, ptr) } {
+        return None;
+    }
+    // SAFETY: `ptr` is in one of the heap's regions, so (the callers' contract: a live
+    // block of ours) in a live slab of a size-class cache, whose pages were tagged with
+    // its class + 1 before the object was handed out.
+    let tag = unsafe { region::page_tag(ptr) };
+    ClassIndex::new(usize::from(tag).checked_sub(1)?)
+}
+
+/// Loads the heap's registry into [`REGISTRY`] once the heap has one.
+#[cold]
+#[inline(never)]
+fn registry_slow() -> Option<*const u64> {
+    let registry = heap_if_made()?.regions.registry();
+    if registry.is_null() {
+        return None;
+    }
+    // Release: pairs with the Acquire load in `tagged_class` (the mapping is there).
+    REGISTRY.store(registry.cast_mut(), Ordering::Release);
+    Some(registry)
 }
 
 /// `malloc_usable_size`: the bytes usable at `ptr` (at least what was asked); 0 for

@@ -28,7 +28,9 @@
 //! address is the region's base), a magic word and the owning manager, the list links and
 //! counts that the manager's lock protects, a bitmap of used pages, and the **page map**:
 //! one word per page, the address of the slab header that owns the page (every page of a
-//! slab's run names the same header), or 0 for a free page. The rest of the region is
+//! slab's run names the same header), or 0 for a free page; and a **tag** byte per page,
+//! the caller's label for the run (`Regions::alloc_run`: one more than the size class
+//! for the global heap's caches, 0 otherwise). The rest of the region is
 //! handed out as **runs** of whole pages, first fit in the bitmap. A region page is
 //! always 4 KiB ([`PAGE`]); the kernel's page size only matters for `madvise`, which is
 //! applied to the whole region past its header.
@@ -122,7 +124,7 @@ use core::ptr::{self, NonNull};
 use super::os;
 use super::vmem::lock::Lock;
 use crate::refcount::{Config, RcHeader, RcRelease, Refcache};
-use crate::sync::atomic::{AtomicUsize, Ordering};
+use crate::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use crate::util::AllocError;
 
 /// The size and alignment of a region: 2 MiB (64 KiB under loom, so that models map
@@ -191,6 +193,10 @@ pub(crate) struct RegionHeader {
     /// The page map: the owner (a slab header's address) of each page, 0 if free.
     /// Written under the manager's lock; read without it by the free path.
     map: [AtomicUsize; PAGES],
+    /// Each page's tag: the `tag` its run was taken with ([`Regions::alloc_run`]), 0 if
+    /// free. Written under the lock with the page map; read without it by the global
+    /// heap's `free`, which finds a block's size class in one load this way.
+    tags: [AtomicU8; PAGES],
 }
 
 /// The lock-protected state of a manager.
@@ -502,19 +508,17 @@ impl Regions {
     /// how `free(ptr)` tells slab objects from large blocks in constant time.
     #[inline]
     pub(crate) fn contains(&self, ptr: *const u8) -> bool {
-        if cfg!(scalemem_loom) {
-            return false;
-        }
-        // Acquire: pairs with the Release store in `map_region`.
-        let registry = self.inner().registry.load(core::sync::atomic::Ordering::Acquire);
-        let index = (ptr as usize) >> REGION_SIZE.trailing_zeros();
-        if registry.is_null() || index >= REGISTRY_BITS {
-            return false;
-        }
-        // SAFETY: the registry is a live mapping of REGISTRY_BYTES bytes (it is unmapped
-        // only when the manager drops) and `index < REGISTRY_BITS`. Relaxed: see
-        // `registry_set`.
-        unsafe { registry_word(registry, index).load(core::sync::atomic::Ordering::Relaxed) & (1 << (index % 64)) != 0 }
+        // SAFETY: our own registry, alive as long as `self`.
+        unsafe { registry_has(self.registry(), ptr) }
+    }
+
+    /// The manager's registry mapping (null before its first region): it never moves
+    /// and lives as long as the manager, so a caller may keep it and test membership
+    /// with [`registry_has`] without reaching the manager (the global heap's `free`).
+    #[inline]
+    pub(crate) fn registry(&self) -> *const u64 {
+        // Acquire: pairs with the Release store in `map_region` (the mapping is there).
+        self.inner().registry.load(core::sync::atomic::Ordering::Acquire)
     }
 
     /// Takes the manager's lock without a scope, for `fork` (the prepare handler); the
@@ -542,7 +546,8 @@ impl Regions {
         }
     }
 
-    /// Hands out a run of `pages` pages (`1 ..= USABLE_PAGES`). `init` runs under the
+    /// Hands out a run of `pages` pages (`1 ..= USABLE_PAGES`), each tagged `tag` (see
+    /// [`page_tag`]). `init` runs under the
     /// manager's lock with the run's base, before the page map names the run's owner: it
     /// writes the slab header (in the run or elsewhere) and returns the owner's address,
     /// so a lookup never sees a half-written owner. The region's count goes up by one.
@@ -551,6 +556,7 @@ impl Regions {
     pub(crate) fn alloc_run(
         &self,
         pages: usize,
+        tag: u8,
         init: impl FnOnce(NonNull<u8>) -> NonNull<u8>,
     ) -> Result<NonNull<u8>, AllocError> {
         if pages == 0 || pages > USABLE_PAGES {
@@ -589,7 +595,7 @@ impl Regions {
                         unsafe { inner.refcache.inc(rc) };
                     }
                     // SAFETY: `r` is an active region with room at `first`.
-                    return Ok(unsafe { take_run(s, r, first, pages, init) });
+                    return Ok(unsafe { take_run(s, r, first, pages, tag, init) });
                 }
             }
             // 2. A retained region, with a fresh count.
@@ -609,12 +615,12 @@ impl Regions {
                 let first = HEADER_PAGES;
                 // SAFETY: a retained region has no runs: `first` starts a free stretch of
                 // `USABLE_PAGES >= pages`.
-                return Ok(unsafe { take_run(s, r, first, pages, init) });
+                return Ok(unsafe { take_run(s, r, first, pages, tag, init) });
             }
             // 3. A new region.
             let r = map_region(s, inner)?;
             // SAFETY: a fresh region: `first` starts a free stretch.
-            Ok(unsafe { take_run(s, r, HEADER_PAGES, pages, init) })
+            Ok(unsafe { take_run(s, r, HEADER_PAGES, pages, tag, init) })
         })
     }
 
@@ -638,8 +644,12 @@ impl Regions {
                 locked.used[page / 64] &= !(1 << (page % 64));
                 // SAFETY: as above; `map` is only read through atomics.
                 // Relaxed: a free page's entry is read only by lookups, which hold the lock
-                // we hold (the unlocked reader, `owner_of`, is only for live runs).
-                unsafe { (*r).map[page].store(0, Ordering::Relaxed) };
+                // we hold (the unlocked readers, `owner_of` and `page_tag`, are only for
+                // live runs).
+                unsafe {
+                    (*r).map[page].store(0, Ordering::Relaxed);
+                    (*r).tags[page].store(0, Ordering::Relaxed);
+                }
             }
             locked.free_pages += pages;
             locked.slabs -= 1;
@@ -728,6 +738,9 @@ impl Regions {
                         let used = locked.used[page / 64] & (1 << (page % 64)) != 0;
                         // SAFETY: as above. Relaxed: written under the lock we hold.
                         let owner = unsafe { (*r).map[page].load(Ordering::Relaxed) };
+                        // SAFETY: as above. Relaxed: as above.
+                        let tag = unsafe { (*r).tags[page].load(Ordering::Relaxed) };
+                        assert!(used || tag == 0, "region: a free page keeps a tag");
                         if page < HEADER_PAGES {
                             assert!(used && owner == 0, "region: header page free or owned");
                             continue;
@@ -924,6 +937,7 @@ unsafe fn take_run(
     r: *mut RegionHeader,
     first: usize,
     pages: usize,
+    tag: u8,
     init: impl FnOnce(NonNull<u8>) -> NonNull<u8>,
 ) -> NonNull<u8> {
     // SAFETY: the region is mapped; `first` is inside it.
@@ -934,9 +948,13 @@ unsafe fn take_run(
     for page in first..first + pages {
         debug_assert!(locked.used[page / 64] & (1 << (page % 64)) == 0);
         locked.used[page / 64] |= 1 << (page % 64);
-        // SAFETY: the region is mapped. Release: pairs with the Acquire load in
-        // `owner_of` (the free path follows the address to the slab header).
-        unsafe { (*r).map[page].store(owner, Ordering::Release) };
+        // SAFETY: the region is mapped. Relaxed (the tag): see [`page_tag`]. Release (the
+        // owner): pairs with the Acquire load in `owner_of` (the free path follows the
+        // address to the slab header).
+        unsafe {
+            (*r).tags[page].store(tag, Ordering::Relaxed);
+            (*r).map[page].store(owner, Ordering::Release);
+        }
     }
     locked.free_pages -= pages;
     locked.slabs += 1;
@@ -979,6 +997,7 @@ fn map_region(s: &mut Shared, inner: &Inner) -> Result<*mut RegionHeader, AllocE
             used,
         },
         map: core::array::from_fn(|_| AtomicUsize::new(0)),
+        tags: core::array::from_fn(|_| AtomicU8::new(0)),
     };
     // SAFETY: a fresh, aligned mapping of REGION_SIZE bytes, larger than the header; the
     // registry is mapped (above) and ours under the lock.
@@ -1009,6 +1028,44 @@ unsafe fn registry_contains(registry: *const u64, addr: usize) -> bool {
     // SAFETY: `index / 64 < REGISTRY_BITS / 64`, inside the mapping, which lives as long
     // as the manager; every access to its words is atomic (`Regions::contains` reads
     // them without the lock). Relaxed: under the lock, the lock orders it.
+    unsafe { registry_word(registry, index).load(core::sync::atomic::Ordering::Relaxed) & (1 << (index % 64)) != 0 }
+}
+
+/// The tag of the page holding `ptr` (the `tag` its run was taken with,
+/// [`Regions::alloc_run`]), read without any lock: the global heap's `free`. It reads
+/// only the header of `ptr`'s region.
+///
+/// # Safety
+/// As [`Regions::owner_of`]: `ptr` points into a live run of some manager, handed out
+/// before the caller learnt of `ptr`.
+#[inline]
+pub(crate) unsafe fn page_tag(ptr: *const u8) -> u8 {
+    let base = region_of(ptr as usize);
+    let page = (ptr as usize - base) / PAGE;
+    // SAFETY: a live run keeps its region mapped and active; `page < PAGES`. Relaxed:
+    // the tag was stored before the run was handed out, and the caller learnt of `ptr`
+    // after that (the contract), which orders it; it is a plain value (no address to
+    // follow).
+    unsafe { (*(base as *const RegionHeader)).tags[page].load(Ordering::Relaxed) }
+}
+
+/// [`Regions::contains`] on a registry from [`Regions::registry`]: whether `ptr` lies in
+/// a region of that manager, exact for a pointer into a live run, a hint otherwise.
+///
+/// # Safety
+/// `registry` is null or came from `Regions::registry` of a manager that is alive.
+#[inline]
+pub(crate) unsafe fn registry_has(registry: *const u64, ptr: *const u8) -> bool {
+    if cfg!(scalemem_loom) {
+        return false;
+    }
+    let index = (ptr as usize) >> REGION_SIZE.trailing_zeros();
+    if registry.is_null() || index >= REGISTRY_BITS {
+        return false;
+    }
+    // SAFETY: the registry is a live mapping of REGISTRY_BYTES bytes (the contract: it is
+    // unmapped only when its manager drops) and `index < REGISTRY_BITS`. Relaxed: see
+    // `registry_set`.
     unsafe { registry_word(registry, index).load(core::sync::atomic::Ordering::Relaxed) & (1 << (index % 64)) != 0 }
 }
 

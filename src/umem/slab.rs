@@ -317,6 +317,8 @@ struct CacheInner {
     colour_max: usize,
     checking: bool,
     max_empty: usize,
+    /// The tag of this cache's slab pages in their regions ([`Regions::page_tag`]).
+    page_tag: u8,
     state: Lock<CacheState>,
 }
 
@@ -339,9 +341,18 @@ pub struct SlabCacheBuilder<'r> {
     align: usize,
     checking: bool,
     max_empty: usize,
+    page_tag: u8,
 }
 
 impl<'r> SlabCacheBuilder<'r> {
+    /// The tag this cache's slab pages carry in their regions (`Regions::page_tag`):
+    /// the global heap tags each size class's pages with the class, so that `free(ptr)`
+    /// finds it in one load. Default 0 (no tag).
+    pub(crate) fn page_tag(mut self, tag: u8) -> Self {
+        self.page_tag = tag;
+        self
+    }
+
     /// Checking mode (see the module documentation). Default: off.
     pub fn checking(mut self, on: bool) -> Self {
         self.checking = on;
@@ -359,7 +370,7 @@ impl<'r> SlabCacheBuilder<'r> {
     /// zero or above [`MAX_SIZE`], an alignment that is not a power of two or is above
     /// [`PAGE`], or if the kernel refuses the page for the cache's state.
     pub fn build(self) -> Result<SlabCache<'r>, AllocError> {
-        let Self { regions, name, size, align, checking, max_empty } = self;
+        let Self { regions, name, size, align, checking, max_empty, page_tag } = self;
         if size == 0 || size > MAX_SIZE || !align.is_power_of_two() || align > PAGE {
             return Err(AllocError);
         }
@@ -393,6 +404,7 @@ impl<'r> SlabCacheBuilder<'r> {
             colour_max,
             checking,
             max_empty,
+            page_tag,
             state: Lock::new(CacheState {
                 partial: SlabList::new(),
                 full: SlabList::new(),
@@ -468,7 +480,7 @@ impl<'r> SlabCache<'r> {
     /// # Ok::<(), scalemem::util::AllocError>(())
     /// ```
     pub fn builder(regions: &'r Regions, name: &'static str, size: usize, align: usize) -> SlabCacheBuilder<'r> {
-        SlabCacheBuilder { regions, name, size, align, checking: false, max_empty: 2 }
+        SlabCacheBuilder { regions, name, size, align, checking: false, max_empty: 2, page_tag: 0 }
     }
 
     fn inner(&self) -> &CacheInner {
@@ -608,7 +620,7 @@ impl<'r> SlabCache<'r> {
             unsafe { h.as_ptr().write(header) };
             h.cast::<u8>()
         };
-        match self.regions.alloc_run(c.slab_pages, init) {
+        match self.regions.alloc_run(c.slab_pages, c.page_tag, init) {
             Ok(base) => {
                 s.colour_next = if colour + c.colour_step > c.colour_max { 0 } else { colour + c.colour_step };
                 s.slabs_created += 1;
