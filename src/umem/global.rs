@@ -520,12 +520,8 @@ impl Heap {
     /// `ptr` is a live block of that path, freed once.
     #[inline]
     unsafe fn free_block(&'static self, ptr: NonNull<u8>, class: Option<ClassIndex>) {
-        // A live object of this class's cache, freed once (the caller's); the global
-        // caches are never destroyed and never in checking mode, so a magazine push is
-        // all a free needs.
         if let Some(class) = class
-            && let Some(cpu) = fast(class)
-            && cpu.try_push(ptr)
+            && push_fast(ptr, class)
         {
             return;
         }
@@ -731,14 +727,11 @@ pub fn calloc(n: usize, size: usize) -> *mut u8 {
 #[inline]
 pub unsafe fn free(ptr: *mut u8) {
     let Some(nn) = NonNull::new(ptr) else { return };
+    // A live object of its page's tag's class, freed once (the caller's contract).
     let class = tagged_class(ptr);
     if let Some(class) = class
-        && let Some(cpu) = fast(class)
-        && cpu.try_push(nn)
+        && push_fast(nn, class)
     {
-        // A live object of that class's cache (its page's tag), freed once (the caller's
-        // contract): the global caches are never destroyed and never in checking mode,
-        // so a magazine push is all it needs (as in `Heap::free_block`).
         return;
     }
     // SAFETY: the caller's contract.
@@ -774,6 +767,15 @@ unsafe fn free_rest(nn: NonNull<u8>, class: Option<ClassIndex>) {
 
 // Every class index + 1 fits a page tag (0 means "no tag").
 const _: () = assert!(NCLASSES < u8::MAX as usize);
+
+/// Every interface's free fast path: a push of `ptr`, a live object of `class`'s cache
+/// freed once (the callers'), into this CPU's loaded magazine; `false` if the cache is
+/// not made or the push was refused (the caller goes to the slow path). The global
+/// caches are never destroyed and never in checking mode, so a push is all a free needs.
+#[inline]
+fn push_fast(ptr: NonNull<u8>, class: ClassIndex) -> bool {
+    fast(class).is_some_and(|cpu| cpu.try_push(ptr))
+}
 
 /// The heap's region registry once it has one (`Regions::registry`; null before): what
 /// `free` tests a pointer against without reaching the heap. Set once, never changed
