@@ -507,52 +507,62 @@ impl CpuCaches {
     }
 
     /// A round from the current CPU's loaded magazine, or `None` (no depot, no swap):
-    /// one rseq section (or one try-lock), for callers with their own slow path.
+    /// one rseq section, for callers with their own slow path. In locked mode always
+    /// `None`: the caller's slow path ([`alloc`](Self::alloc)) takes the slot's lock, so
+    /// the inlined hit path holds no call and keeps no registers across one.
     #[inline(always)]
     pub(crate) fn try_pop(&self) -> Option<NonNull<u8>> {
-        self.pop_round()
+        if self.mode == Mode::Rseq { self.pop_rseq() } else { None }
     }
 
     /// Pushes `round` into the current CPU's loaded magazine if it has room (no depot,
-    /// no swap); false otherwise, the round still the caller's.
+    /// no swap); false otherwise, the round still the caller's. One rseq section; in
+    /// locked mode always false (as [`try_pop`](Self::try_pop)).
     #[inline(always)]
     pub(crate) fn try_push(&self, round: NonNull<u8>) -> bool {
-        self.push_round(round)
+        self.mode == Mode::Rseq && self.push_rseq(round)
     }
 
     #[inline(always)]
     fn pop_round(&self) -> Option<NonNull<u8>> {
         match self.mode {
-            Mode::Rseq => {
-                // Unchecked: rseq mode was chosen after rseq_enabled(); a thread without
-                // a registration fails the section and takes the slow path.
-                let area = rseq::thread_area_unchecked();
-                let (base, stride, ncpus) = self.slots.raw_parts();
-                // SAFETY: (1) this thread's area, now (unchecked: see the module doc of
-                // cpu::rseq). (2) `ncpus` initialised slots of
-                // the mag_layout layout (checked at compile time) at base + cpu * stride,
-                // alive with &self; a slot's state and magazine words are consistent
-                // whenever no section is mid-flight (every change commits with the state
-                // store). (3) In rseq mode only the sections and a reconfigurer that
-                // stopped the slot write them.
-                NonNull::new(unsafe { rseq::mag_pop(area, base, stride, ncpus) }.cast::<u8>())
-            }
+            Mode::Rseq => self.pop_rseq(),
             Mode::Locked => self.locked(cpu::current(), Slot::pop_exclusive).flatten(),
         }
+    }
+
+    /// `pop_round` in rseq mode (the caller has checked the mode).
+    #[inline(always)]
+    fn pop_rseq(&self) -> Option<NonNull<u8>> {
+        // Unchecked: rseq mode was chosen after rseq_enabled(); a thread without a
+        // registration fails the section and takes the slow path.
+        let area = rseq::thread_area_unchecked();
+        let (base, stride, ncpus) = self.slots.raw_parts();
+        // SAFETY: (1) this thread's area, now (unchecked: see the module doc of
+        // cpu::rseq). (2) `ncpus` initialised slots of the mag_layout layout (checked at
+        // compile time) at base + cpu * stride, alive with &self; a slot's state and
+        // magazine words are consistent whenever no section is mid-flight (every change
+        // commits with the state store). (3) In rseq mode only the sections and a
+        // reconfigurer that stopped the slot write them.
+        NonNull::new(unsafe { rseq::mag_pop(area, base, stride, ncpus) }.cast::<u8>())
     }
 
     #[inline(always)]
     fn push_round(&self, round: NonNull<u8>) -> bool {
         match self.mode {
-            Mode::Rseq => {
-                // Unchecked: as in pop_round.
-                let area = rseq::thread_area_unchecked();
-                let (base, stride, ncpus) = self.slots.raw_parts();
-                // SAFETY: as in pop_round.
-                unsafe { rseq::mag_push(area, base, stride, ncpus, round.as_ptr().cast()) }
-            }
+            Mode::Rseq => self.push_rseq(round),
             Mode::Locked => self.locked(cpu::current(), |slot| slot.push_exclusive(round)).unwrap_or(false),
         }
+    }
+
+    /// `push_round` in rseq mode (the caller has checked the mode).
+    #[inline(always)]
+    fn push_rseq(&self, round: NonNull<u8>) -> bool {
+        // Unchecked: as in pop_rseq.
+        let area = rseq::thread_area_unchecked();
+        let (base, stride, ncpus) = self.slots.raw_parts();
+        // SAFETY: as in pop_rseq.
+        unsafe { rseq::mag_push(area, base, stride, ncpus, round.as_ptr().cast()) }
     }
 
     /// The one-store transition of the current CPU's slot (rseq) or of slot `cpu` (locked)

@@ -728,25 +728,30 @@ pub fn calloc(n: usize, size: usize) -> *mut u8 {
 pub unsafe fn free(ptr: *mut u8) {
     let Some(nn) = NonNull::new(ptr) else { return };
     // A live object of its page's tag's class, freed once (the caller's contract).
-    let class = tagged_class(ptr);
-    if let Some(class) = class
+    if let Some(class) = tagged_class(ptr)
         && push_fast(nn, class)
     {
         return;
     }
     // SAFETY: the caller's contract.
-    unsafe { free_rest(nn, class) };
+    unsafe { free_rest(nn) };
 }
 
-/// `free` past a magazine push: size-class objects (`class`, from their page's tag)
-/// whose CPU's magazine is full, bootstrap blocks, large blocks, foreign pointers.
+/// `free` past a magazine push: size-class objects whose CPU's magazine is full (or in
+/// locked mode), bootstrap blocks, large blocks, foreign pointers. It finds the class
+/// again itself, so that nothing but `ptr` stays live across `free`'s rseq section.
 ///
 /// # Safety
-/// As [`free`]; `class` is `tagged_class(ptr)`.
+/// As [`free`].
 #[cold]
 #[inline(never)]
-unsafe fn free_rest(nn: NonNull<u8>, class: Option<ClassIndex>) {
+unsafe fn free_rest(nn: NonNull<u8>) {
     let ptr = nn.as_ptr();
+    // Relaxed: only a hint; `registry_slow` publishes with Release.
+    if REGISTRY.load(Ordering::Relaxed).is_null() {
+        registry_slow();
+    }
+    let class = tagged_class(ptr);
     if let Some(class) = class
         && let Some(heap) = heap_if_made()
     {
@@ -784,13 +789,15 @@ static REGISTRY: AtomicPtr<u64> = AtomicPtr::new(ptr::null_mut());
 
 /// The size class of a block in the heap's regions, from its page's tag (the registry
 /// bit, then one load from the region header); `None` for anything else (a large block,
-/// a bootstrap block, a foreign pointer, or no heap yet).
+/// a bootstrap block, a foreign pointer, no heap yet, or no [`REGISTRY`] yet: the first
+/// `free_rest` sets it).
 #[inline]
 fn tagged_class(ptr: *const u8) -> Option<ClassIndex> {
-    // Acquire: pairs with the Release store in `registry`.
-    let mut registry = REGISTRY.load(Ordering::Acquire).cast_const();
+    // Acquire: pairs with the Release store in `registry_slow`. Null until `free_rest`
+    // has set it: no call here, so that `free`'s fast path saves no registers.
+    let registry = REGISTRY.load(Ordering::Acquire).cast_const();
     if registry.is_null() {
-        registry = registry_slow()?;
+        return None;
     }
     // SAFETY: the global heap's registry, which lives forever.
     if !unsafe { region::registry_has(registry, ptr) } {
