@@ -475,6 +475,42 @@ fn refcache_frees_after_two_epochs_of_zero() {
 }
 
 #[test]
+fn refcache_tick_if_busy_skips_only_an_idle_domain() {
+    // What a periodic driver (umem's maintenance) relies on: no tick, so no rseq fence,
+    // while nothing is cached or under review; ticks until the object is freed otherwise.
+    let cache = Refcache::with_config(Config::manual()).unwrap();
+    let e0 = cache.epoch();
+    assert_eq!(cache.tick_if_busy(), None, "an empty domain ticked");
+    assert_eq!(cache.epoch(), e0, "a skipped tick advanced the epoch");
+    let drops = Arc::new(AtomicUsize::new(0));
+    let a = cache.alloc(Tracked(drops.clone()));
+    let b = a.clone(); // a +1 delta in this CPU's cache (or in the header if it was busy)
+    drop(a);
+    // A live object whose deltas are all flushed leaves nothing to do: the skips begin
+    // within a few ticks and never free it.
+    let mut ticks = 0;
+    while cache.tick_if_busy().is_some() {
+        ticks += 1;
+        assert!(ticks <= 10, "a domain holding only a live, flushed object kept ticking: {:?}", cache.stats());
+    }
+    assert_eq!(drops.load(SeqCst), 0, "freed while referenced");
+    let settled = cache.epoch();
+    assert_eq!(cache.tick_if_busy(), None);
+    assert_eq!(cache.epoch(), settled);
+    // The last reference: the domain is busy until the object is freed, then idle again.
+    drop(b);
+    let mut ticks = 0;
+    while cache.tick_if_busy().is_some() {
+        ticks += 1;
+        assert!(ticks <= 10, "no progress after the last drop: {:?}", cache.stats());
+    }
+    assert_eq!(drops.load(SeqCst), 1, "the periodic driver stopped before the free");
+    assert!(cache.epoch() >= settled + 2, "freed before two epochs passed");
+    assert_eq!(cache.tick_if_busy(), None);
+    cache.assert_valid();
+}
+
+#[test]
 fn refcache_references_moved_between_threads() {
     // A reference taken on one thread (CPU) and dropped on another: per-CPU deltas of
     // opposite signs; the object must survive until the last one is gone.

@@ -848,6 +848,29 @@ impl Refcache {
         self.domain.tick()
     }
 
+    /// [`tick`](Self::tick), but only if it could do anything: some CPU's cache holds a
+    /// delta or some object awaits review (read as a hint, without the locks: a delta
+    /// cached just after the check waits for the next call). `None` when it skipped. For
+    /// callers that drive a [`Config::manual`] domain on a timer, as the background
+    /// ticker does for itself: an idle domain then costs no rseq fence (a `membarrier`
+    /// that interrupts every CPU running the process) per period.
+    ///
+    /// ```
+    /// let cache = scalemem::refcount::Refcache::with_config(scalemem::refcount::Config::manual()).unwrap();
+    /// assert_eq!(cache.tick_if_busy(), None); // nothing cached, nothing to review
+    /// let r = cache.alloc(7);
+    /// drop(r); // a -1 delta now sits in this CPU's cache (or in the object's header)
+    /// let mut ticks = 0;
+    /// while cache.tick_if_busy().is_some() {
+    ///     ticks += 1; // flush, then review until the object is freed
+    /// }
+    /// assert!(ticks >= 1);
+    /// assert_eq!(cache.stats().pending, 0);
+    /// ```
+    pub fn tick_if_busy(&self) -> Option<usize> {
+        self.domain.has_work().then(|| self.domain.tick())
+    }
+
     /// Checks the invariants that hold while no operation runs concurrently (panics if
     /// one is broken): every cache lock is free, no cache has flushed in a future epoch,
     /// an empty way has no delta, and the objects on the review lists are exactly the

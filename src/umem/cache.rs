@@ -1023,7 +1023,11 @@ impl Inner {
         let mut idle = idle.min(u32::MAX as usize);
         let decayed = idle >= self.decay_intervals;
         if decayed {
-            count += self.drain_all();
+            // An idle cache that already gave everything back skips the drain's stop and
+            // rseq fence (a `membarrier` every `decay_intervals` for ever otherwise).
+            if !self.cpu.holds_nothing() {
+                count += self.drain_all();
+            }
             self.shared.slab.shrink();
             idle = 0;
         }

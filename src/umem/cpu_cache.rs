@@ -774,6 +774,30 @@ impl CpuCaches {
         self.reconfigure(None, &mut sink);
     }
 
+    /// Whether the layer holds no magazine at all: every slot's state says neither a
+    /// loaded nor a previous magazine, and the depot is empty. Read without stopping the CPUs, so only a hint (a CPU may load a
+    /// magazine just after): for a periodic caller deciding whether a [`drain`](Self::drain)
+    /// is worth its stop and its rseq fence (a `membarrier`), never for destroy.
+    ///
+    /// ```
+    /// use core::ptr::NonNull;
+    /// let caches = scalemem::umem::cpu_cache::CpuCaches::new(Default::default()).unwrap();
+    /// assert!(caches.holds_nothing());
+    /// let mut object = 0u64;
+    /// if caches.free(NonNull::from(&mut object).cast()).is_ok() {
+    ///     assert!(!caches.holds_nothing());
+    /// }
+    /// caches.drain(|_| {});
+    /// assert!(caches.holds_nothing());
+    /// ```
+    pub fn holds_nothing(&self) -> bool {
+        // Relaxed: a hint (see above).
+        self.slots.iter().all(|slot| {
+            let state = slot.snapshot();
+            state.cap() == 0 && state.prev_cap() == 0
+        }) && self.depot.lens() == (0, 0)
+    }
+
     /// Frees the depot magazines that sat idle for the whole last interval (between the
     /// last two [`update`](Self::update)s): rounds to `sink`, magazines retired. Returns
     /// the number of magazines freed. Does not stop the CPUs.

@@ -64,9 +64,12 @@
 //! `fork`). Their maintenance is piggy-backed instead: every 64th slow path (a
 //! magazine miss or a large request, allocation or free) on a thread looks at the
 //! clock, and when an interval has passed one thread (try-lock) ticks the regions'
-//! Refcache (every 10 ms: a region goes back two epochs after its
-//! last slab) and runs each cache's working-set update (every second: idle magazines
-//! reaped, a cache without slab traffic for ten intervals drained). The large heap
+//! Refcache (every 10 ms, and only while it has work: a delta cached or a region under
+//! review; a region goes back two epochs after its last slab) and runs each cache's
+//! working-set update (every second: idle magazines reaped, a cache without slab traffic
+//! for ten intervals drained unless it holds nothing). A settled or idle heap therefore
+//! issues no `membarrier`: each tick, drain and epoch advance costs one, which
+//! interrupts every CPU running the process. The large heap
 //! decays on its own calls. A program that stops calling the allocator keeps its
 //! cached memory until [`trim`] or [`maintain`] is called, or until the thread from
 //! [`spawn_maintenance_thread`] does it: the documented trade-off. (The `LD_PRELOAD`
@@ -596,7 +599,14 @@ impl Heap {
             return;
         }
         self.next_tick.store(now + TICK_NS, Ordering::Relaxed);
-        self.regions.tick();
+        if force {
+            self.regions.tick();
+        } else {
+            // Periodic: no fence while the region counts are settled (nothing cached,
+            // nothing under review), so a steady or idle process is not interrupted
+            // 100 times a second.
+            let _ = self.regions.tick_if_busy();
+        }
         if force || now >= self.next_update.load(Ordering::Relaxed) {
             self.next_update.store(now + UPDATE_NS, Ordering::Relaxed);
             for cache in self.made() {
@@ -967,7 +977,8 @@ pub fn maintain() {
 }
 
 /// Starts a thread that runs the heap's maintenance on its own clock for the life of
-/// the process — a Refcache tick every 10 ms, each cache's working-set update and the
+/// the process — a Refcache tick every 10 ms while the regions' counts have work, each
+/// cache's working-set update and the
 /// large heap's decay every second, as the piggy-backed maintenance would — so that
 /// memory freed by a program that then goes quiet still goes back to the kernel (within
 /// about ten working-set intervals plus two Refcache epochs, some 11 s). At most one

@@ -134,6 +134,8 @@ impl Magazine {
     /// `mag` is unreachable for any thread that pins from now on (popped from the depot
     /// or taken from a stopped CPU slot), and retired once.
     pub(crate) unsafe fn retire(mag: NonNull<Magazine>, guard: &Guard) {
+        #[cfg(not(scalemem_loom))]
+        RETIRED.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
         // SAFETY: `link` is the first field, so the cast is the link's address; the
         // magazine stays valid until `reclaim` runs and nobody else touches the link
         // (contract); `reclaim` frees exactly a magazine from its link.
@@ -141,8 +143,16 @@ impl Magazine {
     }
 }
 
-/// Gives the pages of free magazine blocks back to the kernel (see "The pool"): first
-/// this thread's retired magazines are handed to the epoch collector, which frees those
+/// Magazines retired and not yet reclaimed, process-wide: a hint for [`trim`], which
+/// drives the epoch collector (a `membarrier` per advance) only while some are waiting,
+/// so that a maintenance pass over idle caches interrupts no CPU. Relaxed: nothing is
+/// published through it; a stale reading costs one needless or one postponed flush.
+#[cfg(not(scalemem_loom))]
+static RETIRED: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
+
+/// Gives the pages of free magazine blocks back to the kernel (see "The pool"): first,
+/// if any magazine awaits reclamation ([`RETIRED`]), this thread's retired magazines are
+/// handed to the epoch collector, which frees those
 /// whose grace period has passed. With `settle` (after a drain that retired magazines
 /// just now) the collector is then driven, unpinned, through whole grace periods until
 /// what it holds is freed ([`Collector::settle`](crate::epoch::Collector)): otherwise a
@@ -151,7 +161,7 @@ impl Magazine {
 /// some later pin. Returns the bytes given back.
 pub(crate) fn trim(settle: bool) -> usize {
     #[cfg(not(scalemem_loom))]
-    {
+    if RETIRED.load(core::sync::atomic::Ordering::Relaxed) != 0 {
         crate::epoch::pin().flush();
         if settle {
             // A few advances: two pass a grace period; more only while each frees.
@@ -180,6 +190,8 @@ pub(crate) fn fork_unlock() {
 /// `link` is the link of a magazine retired by [`Magazine::retire`], whose grace period
 /// has passed.
 unsafe fn reclaim(link: NonNull<Retired>) {
+    #[cfg(not(scalemem_loom))]
+    RETIRED.fetch_sub(1, core::sync::atomic::Ordering::Relaxed);
     // SAFETY: the link is the magazine's first field, and nobody can reach it any more.
     unsafe { Magazine::destroy(link.cast::<Magazine>()) };
 }

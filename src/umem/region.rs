@@ -447,6 +447,13 @@ impl Regions {
         self.inner().refcache.tick()
     }
 
+    /// [`tick`](Self::tick) only if the Refcache has work ([`Refcache::tick_if_busy`]):
+    /// what a periodic caller uses, so that a heap whose region counts are settled
+    /// pays no rseq fence per period. `None` when it skipped.
+    pub(crate) fn tick_if_busy(&self) -> Option<usize> {
+        self.inner().refcache.tick_if_busy()
+    }
+
     /// Ticks until the epoch has advanced `epochs` times since the call, by this thread
     /// or another ticker: a tick that finds the advancer busy (a background tick, or
     /// umem's `fork` handler holding it while the process is copied) or a CPU's cache
