@@ -142,6 +142,28 @@ pub fn light() {
     }
 }
 
+/// [`light`] for hot paths that must hold no call: where the mode is not decided yet it
+/// issues a SeqCst fence without deciding it (as strong as either mode's light side, so
+/// it pairs with whatever [`heavy`] does). The caller makes sure the mode gets decided
+/// elsewhere (the first use on each thread calls [`mode`]), or it pays a real fence for
+/// good.
+#[inline]
+pub(crate) fn light_decided() {
+    #[cfg(scalemem_loom)]
+    {
+        fence(Ordering::SeqCst);
+    }
+    #[cfg(not(scalemem_loom))]
+    {
+        // Relaxed: see MODE.
+        if MODE.load(Ordering::Relaxed) == ASYMMETRIC {
+            compiler_fence(Ordering::SeqCst);
+        } else {
+            fence(Ordering::SeqCst);
+        }
+    }
+}
+
 /// The heavy side: a full barrier on this thread and on every CPU running a thread of
 /// this process. Expensive (10-35 us with other threads running): amortise it.
 ///

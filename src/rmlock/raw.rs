@@ -87,7 +87,7 @@ impl RawRmLock {
     /// already (a nested read).
     #[inline]
     pub(super) fn read_lock(&self) -> Ticket {
-        if let Some(record) = slots::mine() {
+        if let Some(record) = slots::mine_registered() {
             let slot = record.slot(self.home);
             let word = slots::own(slot);
             if word == 0 && self.try_enter(slot) {
@@ -193,8 +193,9 @@ impl RawRmLock {
         // R1. Release: every store to a slot is (see `slots`' module doc).
         slot.store(self.tag, Ordering::Release);
         // R2: pairs with the writer's heavy fence (W2): either the writer's scan sees
-        // our slot, or our load below sees its flag.
-        fence::light();
+        // our slot, or our load below sees its flag. (`light_decided`: no call on the
+        // fast path; the thread's registration decided the mode.)
+        fence::light_decided();
         // R3. Acquire: pairs with the Release swap in `write_unlock` (W5), as in
         // `try_arrive`.
         if self.state.load(Ordering::Acquire) & WRITER == 0 {
@@ -220,7 +221,7 @@ impl RawRmLock {
         // the slot free (or holding anything else).
         slot.store(0, Ordering::Release);
         // R5: pairs with the writer's heavy fence (W2), as R2 does.
-        fence::light();
+        fence::light_decided();
         // R6. Relaxed: only decides whether to notify (see `notify_writer`).
         if self.state.load(Ordering::Relaxed) & WRITER != 0 {
             self.notify_writer();

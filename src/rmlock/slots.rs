@@ -311,9 +311,21 @@ mod imp {
         if p.is_null() { register() } else { None }
     }
 
+    /// [`mine`] without the first-use registration (no call): `None` also for a thread
+    /// that has not read yet. For the inline fast path; its slow path calls `mine`.
+    #[inline]
+    pub(in crate::rmlock) fn mine_registered() -> Option<&'static Record> {
+        let p = MINE.with(Cell::get);
+        // SAFETY: as in `mine`.
+        (p.addr() > NONE.addr()).then(|| unsafe { &*p })
+    }
+
     #[cold]
     #[inline(never)]
     fn register() -> Option<&'static Record> {
+        // Decide the fence mode now, so that the slot path's `light_decided` is a
+        // compiler fence from this thread's first read on (where membarrier works).
+        let _ = crate::cpu::fence::mode();
         let registered = (|| {
             let key = KEY.get()?;
             let record = REGISTRY.claim()?;
@@ -373,6 +385,10 @@ mod imp {
         MINE.with(|claim| if claim.counts.get() { None } else { claim.record })
     }
 
+    pub(in crate::rmlock) fn mine_registered() -> Option<&'static Record> {
+        mine()
+    }
+
     /// Makes this model thread read with the per-CPU counts (the path of a thread
     /// without a record), so that models cover it too.
     pub(in crate::rmlock) fn force_counts() {
@@ -393,7 +409,7 @@ mod imp {
 #[cfg(scalemem_loom)]
 pub(super) use imp::force_counts;
 use imp::registry;
-pub(super) use imp::{mine, thread_token};
+pub(super) use imp::{mine, mine_registered, thread_token};
 
 #[cfg(all(test, not(scalemem_loom)))]
 mod tests {
