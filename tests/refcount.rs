@@ -474,6 +474,15 @@ fn refcache_frees_after_two_epochs_of_zero() {
     cache.assert_valid();
 }
 
+/// Calls `tick_if_busy` until it skips; panics with `stuck` after 10 ticks.
+fn busy_ticks(cache: &Refcache, stuck: &str) {
+    let mut ticks = 0;
+    while cache.tick_if_busy().is_some() {
+        ticks += 1;
+        assert!(ticks <= 10, "{stuck}: {:?}", cache.stats());
+    }
+}
+
 #[test]
 fn refcache_tick_if_busy_skips_only_an_idle_domain() {
     // What a periodic driver (umem's maintenance) relies on: no tick, so no rseq fence,
@@ -488,22 +497,14 @@ fn refcache_tick_if_busy_skips_only_an_idle_domain() {
     drop(a);
     // A live object whose deltas are all flushed leaves nothing to do: the skips begin
     // within a few ticks and never free it.
-    let mut ticks = 0;
-    while cache.tick_if_busy().is_some() {
-        ticks += 1;
-        assert!(ticks <= 10, "a domain holding only a live, flushed object kept ticking: {:?}", cache.stats());
-    }
+    busy_ticks(&cache, "a domain holding only a live, flushed object kept ticking");
     assert_eq!(drops.load(SeqCst), 0, "freed while referenced");
     let settled = cache.epoch();
     assert_eq!(cache.tick_if_busy(), None);
     assert_eq!(cache.epoch(), settled);
     // The last reference: the domain is busy until the object is freed, then idle again.
     drop(b);
-    let mut ticks = 0;
-    while cache.tick_if_busy().is_some() {
-        ticks += 1;
-        assert!(ticks <= 10, "no progress after the last drop: {:?}", cache.stats());
-    }
+    busy_ticks(&cache, "no progress after the last drop");
     assert_eq!(drops.load(SeqCst), 1, "the periodic driver stopped before the free");
     assert!(cache.epoch() >= settled + 2, "freed before two epochs passed");
     assert_eq!(cache.tick_if_busy(), None);
