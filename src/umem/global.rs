@@ -159,6 +159,10 @@ pub struct UmemStats {
     pub bootstrap: usize,
     /// Size-class caches made so far.
     pub classes: usize,
+    /// The regions' Refcache epoch. It moves only while region counts are in flux (a
+    /// slab taken or given back, a region under review); a settled heap's periodic
+    /// maintenance leaves it, and the CPUs, alone.
+    pub region_epoch: usize,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1032,6 +1036,7 @@ pub fn stats() -> UmemStats {
         large_in_use: large.in_use,
         large_cached: large.dirty + large.madvised,
         bootstrap,
+        region_epoch: heap.regions.refcache().epoch(),
         ..UmemStats::default()
     };
     for cache in heap.made() {
