@@ -775,9 +775,10 @@ impl CpuCaches {
     }
 
     /// Whether the layer holds no magazine at all: every slot's state says neither a
-    /// loaded nor a previous magazine, and the depot is empty. Read without stopping the CPUs, so only a hint (a CPU may load a
-    /// magazine just after): for a periodic caller deciding whether a [`drain`](Self::drain)
-    /// is worth its stop and its rseq fence (a `membarrier`), never for destroy.
+    /// loaded nor a previous magazine, and the depot is empty. Read without stopping the
+    /// CPUs, so only a hint (a CPU may load a magazine just after): for a periodic caller
+    /// deciding whether a [`drain`](Self::drain) is worth its stop and its rseq fence (a
+    /// `membarrier`), never for destroy.
     ///
     /// ```
     /// use core::ptr::NonNull;
