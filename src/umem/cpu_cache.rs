@@ -508,8 +508,9 @@ impl CpuCaches {
 
     /// A round from the current CPU's loaded magazine, or `None` (no depot, no swap):
     /// one rseq section, for callers with their own slow path. In locked mode always
-    /// `None`: the caller's slow path ([`alloc`](Self::alloc)) takes the slot's lock, so
-    /// the inlined hit path holds no call and keeps no registers across one.
+    /// `None`: the caller's slow path takes the slot's lock ([`alloc`](Self::alloc), or
+    /// [`try_pop_locked`](Self::try_pop_locked)), so the inlined hit path holds no call
+    /// and keeps no registers across one.
     #[inline(always)]
     pub(crate) fn try_pop(&self) -> Option<NonNull<u8>> {
         if self.mode == Mode::Rseq { self.pop_rseq() } else { None }
@@ -521,6 +522,29 @@ impl CpuCaches {
     #[inline(always)]
     pub(crate) fn try_push(&self, round: NonNull<u8>) -> bool {
         self.mode == Mode::Rseq && self.push_rseq(round)
+    }
+
+    /// Whether the slots synchronise by rseq sections (else by per-CPU try-locks); fixed
+    /// at construction. Lets a hit path send locked mode out of line before it starts.
+    #[inline(always)]
+    pub(crate) fn is_rseq(&self) -> bool {
+        self.mode == Mode::Rseq
+    }
+
+    /// [`try_pop`](Self::try_pop)'s locked-mode counterpart: one try-lock of the current
+    /// CPU's slot and a pop from its loaded magazine; `None` in rseq mode (the caller
+    /// tried the section already) or if the slot stayed busy. For the callers' slow
+    /// paths (inlined there, never into a hit path).
+    #[inline]
+    pub(crate) fn try_pop_locked(&self) -> Option<NonNull<u8>> {
+        if self.mode == Mode::Locked { self.locked(cpu::current(), Slot::pop_exclusive).flatten() } else { None }
+    }
+
+    /// [`try_push`](Self::try_push)'s locked-mode counterpart (as
+    /// [`try_pop_locked`](Self::try_pop_locked)); false in rseq mode.
+    #[inline]
+    pub(crate) fn try_push_locked(&self, round: NonNull<u8>) -> bool {
+        self.mode == Mode::Locked && self.locked(cpu::current(), |slot| slot.push_exclusive(round)).unwrap_or(false)
     }
 
     #[inline(always)]

@@ -543,6 +543,12 @@ impl Heap {
     #[cold]
     #[inline(never)]
     unsafe fn free_slow(&'static self, ptr: NonNull<u8>, class: Option<ClassIndex>) {
+        // Locked mode (no rseq): the magazine push, as `alloc_slow`'s pop.
+        if let Some(class) = class
+            && fast(class).is_some_and(|cpu| cpu.try_push_locked(ptr))
+        {
+            return;
+        }
         let _entered = Entered::enter();
         countdown(self);
         // SAFETY: the caller's contract.
@@ -678,11 +684,26 @@ pub fn aligned_alloc(align: usize, size: usize) -> *mut u8 {
 fn alloc_block(size: usize, align: usize) -> *mut u8 {
     if let Some(class) = class_of(size, align)
         && let Some(cpu) = fast(class)
-        && let Some(p) = cpu.try_pop()
     {
-        return p.as_ptr();
+        if !cpu.is_rseq() {
+            return alloc_locked(cpu, size, align);
+        }
+        if let Some(p) = cpu.try_pop() {
+            return p.as_ptr();
+        }
     }
     alloc_slow(size, align)
+}
+
+/// [`alloc_block`] in locked mode (no rseq): the magazine hit behind the CPU slot's
+/// try-lock, out of line so that the rseq hit path holds no call; without the guard, as
+/// the rseq hit (a bounded try-lock calls nothing).
+#[inline(never)]
+fn alloc_locked(cpu: &'static CpuCaches, size: usize, align: usize) -> *mut u8 {
+    match cpu.try_pop_locked() {
+        Some(p) => p.as_ptr(),
+        None => alloc_slow(size, align),
+    }
 }
 
 /// The allocation slow path, under the guard: a re-entrant request goes to the
@@ -743,12 +764,31 @@ pub unsafe fn free(ptr: *mut u8) {
     let Some(nn) = NonNull::new(ptr) else { return };
     // A live object of its page's tag's class, freed once (the caller's contract).
     if let Some(class) = tagged_class(ptr)
-        && push_fast(nn, class)
+        && let Some(cpu) = fast(class)
     {
-        return;
+        if !cpu.is_rseq() {
+            // SAFETY: the caller's contract; `class` is the object's.
+            return unsafe { free_locked(cpu, nn) };
+        }
+        if cpu.try_push(nn) {
+            return;
+        }
     }
     // SAFETY: the caller's contract.
     unsafe { free_rest(nn) };
+}
+
+/// [`free`] of a size-class object in locked mode (no rseq): the magazine push behind
+/// the CPU slot's try-lock, out of line (as [`alloc_locked`]).
+///
+/// # Safety
+/// As [`free`]; `nn` is a live object of `cpu`'s cache.
+#[inline(never)]
+unsafe fn free_locked(cpu: &'static CpuCaches, nn: NonNull<u8>) {
+    if !cpu.try_push_locked(nn) {
+        // SAFETY: the caller's contract.
+        unsafe { free_rest(nn) };
+    }
 }
 
 /// `free` past a magazine push: size-class objects whose CPU's magazine is full (or in
