@@ -678,6 +678,12 @@ impl Domain {
         }
     }
 
+    /// A tick if [`has_work`](Self::has_work) says one could do anything (the background
+    /// ticker's and `Refcache::tick_if_busy`'s step); `None` when it skipped.
+    fn tick_if_busy(&self) -> Option<usize> {
+        self.has_work().then(|| self.tick())
+    }
+
     /// Whether a tick could do anything: objects await review, or some cache holds an
     /// entry (a hint: read without the locks).
     fn has_work(&self) -> bool {
@@ -868,7 +874,7 @@ impl Refcache {
     /// assert_eq!(cache.stats().pending, 0);
     /// ```
     pub fn tick_if_busy(&self) -> Option<usize> {
-        self.domain.has_work().then(|| self.domain.tick())
+        self.domain.tick_if_busy()
     }
 
     /// Checks the invariants that hold while no operation runs concurrently (panics if
@@ -983,8 +989,8 @@ fn spawn_ticker(domain: &Domain, epoch: Duration) -> Result<std::thread::JoinHan
             // Acquire: pairs with the Release store in Refcache::drop.
             while !domain.stop.load(Ordering::Acquire) {
                 std::thread::park_timeout(epoch);
-                if !domain.stop.load(Ordering::Acquire) && domain.has_work() {
-                    domain.tick();
+                if !domain.stop.load(Ordering::Acquire) {
+                    let _ = domain.tick_if_busy();
                 }
             }
         })

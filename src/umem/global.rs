@@ -543,12 +543,6 @@ impl Heap {
     #[cold]
     #[inline(never)]
     unsafe fn free_slow(&'static self, ptr: NonNull<u8>, class: Option<ClassIndex>) {
-        // Locked mode (no rseq): the magazine push, as `alloc_slow`'s pop.
-        if let Some(class) = class
-            && fast(class).is_some_and(|cpu| cpu.try_push_locked(ptr))
-        {
-            return;
-        }
         let _entered = Entered::enter();
         countdown(self);
         // SAFETY: the caller's contract.
@@ -833,7 +827,14 @@ const _: () = assert!(NCLASSES < u8::MAX as usize);
 /// caches are never destroyed and never in checking mode, so a push is all a free needs.
 #[inline]
 fn push_fast(ptr: NonNull<u8>, class: ClassIndex) -> bool {
-    fast(class).is_some_and(|cpu| cpu.try_push(ptr))
+    let Some(cpu) = fast(class) else { return false };
+    if cpu.is_rseq() { cpu.try_push(ptr) } else { push_locked(cpu, ptr) }
+}
+
+/// `push_fast` in locked mode (no rseq), out of line so that the rseq push holds no call.
+#[inline(never)]
+fn push_locked(cpu: &CpuCaches, ptr: NonNull<u8>) -> bool {
+    cpu.try_push_locked(ptr)
 }
 
 /// The heap's region registry once it has one (`Regions::registry`; null before): what
