@@ -44,6 +44,8 @@ fn table_shape() {
 #[test]
 fn every_size_maps_to_the_smallest_fitting_class() {
     assert_eq!(class_of(0, 1).map(class_size), Some(8));
+    // malloc's alignment (its own table): size 0 gets the 16-byte class.
+    assert_eq!(class_of(0, 16).map(class_size), Some(16));
     for size in 1..=MAX_CLASS_SIZE {
         let got = class_of(size, 1).map(ClassIndex::get);
         assert_eq!(got, brute(size, 1), "size {size}");

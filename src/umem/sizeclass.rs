@@ -43,7 +43,8 @@
 //!
 //! # Cost
 //!
-//! [`class_of`] is constant time: a 129-byte lookup table for sizes up to 1 KiB, and a
+//! [`class_of`] is constant time: a 129-byte lookup table for sizes up to 1 KiB (and a
+//! 65-byte one for 16-byte alignment, `malloc`'s, which then needs no rounding), and a
 //! count of leading zeros, two shifts and an add above. Nothing here allocates or panics.
 
 /// The largest alignment a size class serves: the smallest page size umem supports.
@@ -70,6 +71,11 @@ pub const CLASSES: [u32; NCLASSES] = build_classes();
 
 /// `LOOKUP[(size + 7) / 8]` is the class of `size` for sizes up to [`LOOKUP_MAX`].
 const LOOKUP: [u8; LOOKUP_MAX / 8 + 1] = build_lookup();
+
+/// `LOOKUP16[(size + 15) / 16]` is the class of `size` aligned to 16 (C `malloc`'s
+/// alignment, and `u128`'s) for sizes up to [`LOOKUP_MAX`]: one load, without rounding
+/// the size first.
+const LOOKUP16: [u8; LOOKUP_MAX / 16 + 1] = build_lookup16();
 
 // The table and the slab layer agree on the largest object (outside loom, whose slab
 // layer is shrunk for the model checker).
@@ -109,6 +115,21 @@ const fn build_lookup() -> [u8; LOOKUP_MAX / 8 + 1] {
             class += 1;
         }
         table[slot] = class as u8;
+        slot += 1;
+    }
+    table
+}
+
+const fn build_lookup16() -> [u8; LOOKUP_MAX / 16 + 1] {
+    let mut table = [0u8; LOOKUP_MAX / 16 + 1];
+    let mut slot = 0;
+    while slot < table.len() {
+        // Slot `slot` holds the sizes (16 * (slot - 1), 16 * slot], which round up to
+        // 16 * slot (slot 0 is size 0, served as 16 bytes); that multiple of 16 has the
+        // class the 8-byte table gives it (every class it can reach is a multiple of 16:
+        // the rounding argument of the module doc).
+        let size = if slot == 0 { 16 } else { slot * 16 };
+        table[slot] = LOOKUP[size / 8];
         slot += 1;
     }
     table
@@ -214,6 +235,10 @@ pub const fn class_of(size: usize, align: usize) -> Option<ClassIndex> {
     if align <= 8 {
         // Every class is a multiple of 8.
         return class_of_size(size);
+    }
+    if align == 16 && size <= LOOKUP_MAX {
+        // `malloc`'s alignment: one load (the same class as the rounding below).
+        return Some(ClassIndex(LOOKUP16[size.div_ceil(16)]));
     }
     let size = if size < align { align } else { size };
     // Cannot overflow: size <= MAX_CLASS_SIZE and align <= MAX_ALIGN.
