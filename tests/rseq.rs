@@ -238,7 +238,8 @@ fn stack_full_and_empty_at_capacity() {
 mod magazine_sections {
     use super::*;
     use scalemem::cpu::rseq::mag_layout::{
-        CAP_SHIFT, LOADED_SHIFT, MAGS, PREV_CAP_SHIFT, PREV_ROUNDS_SHIFT, PREV_SHIFT,
+        BYTE_MASK, CAP_SHIFT, LOADED_SHIFT, MAGS, PREV_CAP_SHIFT, PREV_ROUNDS_SHIFT, PREV_SHIFT, ROUNDS_MASK,
+        SLOT_STRIDE,
     };
     use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
@@ -271,10 +272,10 @@ mod magazine_sections {
 
     fn decode(state: u64) -> (usize, usize, usize, usize) {
         (
-            ((state >> LOADED_SHIFT) & 3) as usize,
-            (state & 0xFFFF) as usize,
-            ((state >> PREV_SHIFT) & 3) as usize,
-            ((state >> PREV_ROUNDS_SHIFT) & 0xFFFF) as usize,
+            ((state >> LOADED_SHIFT) & BYTE_MASK) as usize,
+            (state & ROUNDS_MASK) as usize,
+            ((state >> PREV_SHIFT) & BYTE_MASK) as usize,
+            ((state >> PREV_ROUNDS_SHIFT) & BYTE_MASK) as usize,
         )
     }
 
@@ -302,7 +303,7 @@ mod magazine_sections {
             })
             .collect();
         let base = slots.as_ptr().cast::<u8>().cast_mut().addr();
-        let stride = size_of::<Slot>();
+        assert_eq!(size_of::<Slot>(), SLOT_STRIDE);
         let mags_range = (mags.as_ptr().addr(), mags.as_ptr().addr() + mags.len() * size_of::<Mag>());
         let (hands, chaos) = CHAOS.stress(|t, migrator, deadline| {
             let base = std::ptr::with_exposed_provenance_mut::<u8>(base);
@@ -324,16 +325,16 @@ mod magazine_sections {
                         token(t, created - 1).as_ptr().addr()
                     });
                     // SAFETY: this thread's area; `n` slots of the mag_layout layout
-                    // `stride` apart whose loaded magazine always has CAP round words;
+                    // `SLOT_STRIDE` apart whose loaded magazine always has CAP round words;
                     // only the sections write them while workers run.
-                    let ok = unsafe { cpu::rseq::mag_push(area, base, stride, n, from_addr(item).as_ptr().cast()) };
+                    let ok = unsafe { cpu::rseq::mag_push(area, base, n, from_addr(item).as_ptr().cast()) };
                     if !ok {
                         hand.push(item);
                     }
                     ok
                 } else {
                     // SAFETY: as above.
-                    let item = unsafe { cpu::rseq::mag_pop(area, base, stride, n) };
+                    let item = unsafe { cpu::rseq::mag_pop(area, base, n) };
                     if !item.is_null() {
                         hand.push(item.addr());
                     }
@@ -355,7 +356,6 @@ mod magazine_sections {
                             cpu::rseq::mag_exchange(
                                 area,
                                 base,
-                                stride,
                                 n,
                                 state,
                                 swapped,
@@ -423,25 +423,15 @@ mod magazine_sections {
             })
             .collect();
         let base = slots.as_ptr().cast::<u8>().cast_mut();
-        let stride = size_of::<Slot>();
+        assert_eq!(size_of::<Slot>(), SLOT_STRIDE);
         let state = make(0, 1, 1, 0);
         // SAFETY: this thread's area; `n` stopped slots whose loaded magazine is `mag`.
         unsafe {
-            assert!(cpu::rseq::mag_pop(area, base, stride, n).is_null());
-            assert!(!cpu::rseq::mag_push(area, base, stride, n, 16 as *mut ()));
+            assert!(cpu::rseq::mag_pop(area, base, n).is_null());
+            assert!(!cpu::rseq::mag_push(area, base, n, 16 as *mut ()));
             let swapped = make(1, 0, 0, 1);
             assert_eq!(
-                cpu::rseq::mag_exchange(
-                    area,
-                    base,
-                    stride,
-                    n,
-                    state,
-                    swapped,
-                    std::ptr::null_mut(),
-                    MAGS + 16,
-                    MAGS + 8
-                ),
+                cpu::rseq::mag_exchange(area, base, n, state, swapped, std::ptr::null_mut(), MAGS + 16, MAGS + 8),
                 None
             );
         }

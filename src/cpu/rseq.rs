@@ -1154,7 +1154,10 @@ mod conditional_tests {
 ///
 /// # Magazine sections
 ///
-/// A CPU's slot holds three words the sections use, at these byte offsets:
+/// Slots are [`SLOT_STRIDE`](mag_layout::SLOT_STRIDE) (128) bytes apart, CPU 0's first
+/// (the spacing of [`PerCpu`](crate::cpu::PerCpu) for any slot of up to 128 bytes, so a
+/// section finds its slot with a shift). A CPU's slot holds three words the sections use,
+/// at these byte offsets:
 ///
 /// ```text
 /// STOP  (0):  0 while the fast path may run; non-zero while a reconfiguration owns the
@@ -1165,10 +1168,15 @@ mod conditional_tests {
 /// ```
 ///
 /// The state word packs `rounds` (bits 0..16: rounds in the loaded magazine), `cap`
-/// (bits 16..24: the loaded magazine's capacity, 0 when no magazine is loaded), the
-/// loaded index (bits 24..26), the previous index (bits 26..28), the previous magazine's
-/// rounds (bits 32..48) and capacity (bits 48..56, 0 when absent). A magazine's rounds
-/// are the pointers at byte offset [`ROUNDS`](mag_layout::ROUNDS) of the magazine, 8 bytes apart.
+/// (bits 16..32: the loaded magazine's capacity, at most [`MAX_CAP`](mag_layout::MAX_CAP),
+/// 0 when no magazine is loaded), the previous index (bits 32..40), the previous
+/// magazine's rounds (bits 40..48) and capacity (bits 48..56, 0 when absent), and the
+/// loaded index (bits 56..64). The hit sections get each field they need with one shift
+/// and no mask: the loaded index is the top byte, and `rounds < cap` is a 16-bit compare
+/// of the word with itself shifted by 16. (Reading the fields from the slot instead, with
+/// narrower loads of the word the last section stored, measured slower: such a load waits
+/// on store forwarding.) A magazine's rounds are the pointers at byte offset
+/// [`ROUNDS`](mag_layout::ROUNDS) of the magazine, 8 bytes apart.
 ///
 /// - [`mag_pop`]: if `rounds > 0`, loads `loaded.rounds[rounds - 1]` and commits
 ///   `STATE - 1`.
@@ -1185,6 +1193,10 @@ mod conditional_tests {
 /// returned `true`) knows that no section that saw `STOP == 0` can still commit: the
 /// slot is frozen until it clears `STOP`.
 pub mod mag_layout {
+    /// Bytes between two CPUs' slots.
+    pub const SLOT_STRIDE: usize = 1 << SLOT_SHIFT;
+    /// log2 of [`SLOT_STRIDE`].
+    pub const SLOT_SHIFT: u32 = 7;
     /// Byte offset of the stop word in a CPU's magazine slot.
     pub const STOP: usize = 0;
     /// Byte offset of the state word in a CPU's magazine slot.
@@ -1195,16 +1207,21 @@ pub mod mag_layout {
     pub const ROUNDS: usize = 64;
     /// Mask of the loaded magazine's round count in the state word.
     pub const ROUNDS_MASK: u64 = 0xFFFF;
-    /// Shift of the loaded magazine's capacity (8 bits) in the state word.
+    /// Shift of the loaded magazine's capacity (16 bits) in the state word.
     pub const CAP_SHIFT: u32 = 16;
-    /// Shift of the loaded magazine's index (2 bits) in the state word.
-    pub const LOADED_SHIFT: u32 = 24;
-    /// Shift of the previous magazine's index (2 bits) in the state word.
-    pub const PREV_SHIFT: u32 = 26;
-    /// Shift of the previous magazine's round count (16 bits) in the state word.
-    pub const PREV_ROUNDS_SHIFT: u32 = 32;
+    /// Mask of the capacity field, shifted down.
+    pub const CAP_MASK: u64 = 0xFFFF;
+    /// Shift of the previous magazine's index (8 bits) in the state word.
+    pub const PREV_SHIFT: u32 = 32;
+    /// Shift of the previous magazine's round count (8 bits) in the state word.
+    pub const PREV_ROUNDS_SHIFT: u32 = 40;
     /// Shift of the previous magazine's capacity (8 bits) in the state word.
     pub const PREV_CAP_SHIFT: u32 = 48;
+    /// Shift of the loaded magazine's index (8 bits, the top ones) in the state word.
+    pub const LOADED_SHIFT: u32 = 56;
+    /// Mask of each 8-bit field (loaded and previous index, previous rounds and
+    /// capacity), shifted down.
+    pub const BYTE_MASK: u64 = 0xFF;
     /// The largest magazine capacity the state word can describe.
     pub const MAX_CAP: usize = 255;
 }
@@ -1217,7 +1234,7 @@ pub use fallback_magazine::{mag_exchange, mag_pop, mag_push};
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom)))]
 mod x86_64_magazine {
-    use super::mag_layout::{CAP_SHIFT, LOADED_SHIFT, MAGS, ROUNDS, STATE, STOP};
+    use super::mag_layout::{CAP_SHIFT, LOADED_SHIFT, MAGS, ROUNDS, SLOT_SHIFT, STATE, STOP};
     use crate::cpu::rseq_abi::{CPU_ID, RSEQ_CS, SIGNATURE};
 
     /// Pops a round from the current CPU's loaded magazine (see
@@ -1228,9 +1245,9 @@ mod x86_64_magazine {
     /// # Safety
     /// 1. `area` was returned by [`thread_area`](super::thread_area) on the calling thread
     ///    (or, inside the crate, by `thread_area_unchecked` there; see the module doc).
-    /// 2. For every `cpu < ncpus`, `base.byte_add(cpu * stride)` is a valid, 8-byte-aligned
-    ///    magazine slot (layout of [`mag_layout`](super::mag_layout)) for the duration of
-    ///    the call, and the product does not overflow; whenever its state word says
+    /// 2. For every `cpu < ncpus`, `base.byte_add(cpu * SLOT_STRIDE)` is a valid,
+    ///    8-byte-aligned magazine slot (layout of [`mag_layout`](super::mag_layout)) for
+    ///    the duration of the call, and the product does not overflow; whenever its state word says
     ///    `cap > 0`, the loaded magazine pointer refers to a live magazine with at least
     ///    `cap` round words, of which the first `rounds` hold rounds.
     /// 3. While any thread may run the magazine sections on these slots, the state words
@@ -1241,15 +1258,15 @@ mod x86_64_magazine {
     /// ```
     /// use scalemem::cpu::{possible, rseq};
     /// let n = possible();
-    /// let mut slots = vec![[0usize; 8]; n]; // stop, state (nothing loaded), mags, padding
+    /// let mut slots = vec![[0usize; 16]; n]; // stop, state (nothing loaded), mags, padding
     /// if let Some(area) = rseq::thread_area() {
-    ///     // SAFETY: this thread's area; `n` valid empty slots 64 bytes apart.
-    ///     let round = unsafe { rseq::mag_pop(area, slots.as_mut_ptr().cast(), 64, n) };
+    ///     // SAFETY: this thread's area; `n` valid empty slots SLOT_STRIDE (128) bytes apart.
+    ///     let round = unsafe { rseq::mag_pop(area, slots.as_mut_ptr().cast(), n) };
     ///     assert!(round.is_null());
     /// }
     /// ```
     #[inline]
-    pub unsafe fn mag_pop(area: *mut u8, base: *mut u8, stride: usize, ncpus: usize) -> *mut () {
+    pub unsafe fn mag_pop(area: *mut u8, base: *mut u8, ncpus: usize) -> *mut () {
         let item: *mut ();
         // SAFETY: this thread's live area (1); the slot of a CPU below `ncpus` and its
         // loaded magazine are valid (2) and written only by these sections or a stopper
@@ -1272,7 +1289,7 @@ mod x86_64_magazine {
                 "mov {slot:e}, dword ptr [{area} + {cpu_id}]",
                 "cmp {slot}, {ncpus}",
                 "jae 9f",
-                "imul {slot}, {stride}",
+                "shl {slot}, {slot_shift}",
                 "add {slot}, {base}",
                 "cmp qword ptr [{slot} + {stop}], 0",
                 "jne 9f",
@@ -1280,11 +1297,13 @@ mod x86_64_magazine {
                 "movzx {n:e}, {st:x}",
                 "test {n:e}, {n:e}",
                 "jz 9f",
-                "mov {mag}, {st}",
-                "shr {mag}, {loaded_shift}",
-                "and {mag}, 3",
-                "mov {mag}, qword ptr [{slot} + 8*{mag} + {mags}]",
-                "mov {item}, qword ptr [{mag} + 8*{n} + {rounds_m8}]",
+                // The item register holds the magazine first: no failure exit follows
+                // before the commit, and an abort restarts at 2, which clears it. The
+                // loaded index is the state's top byte.
+                "mov {item}, {st}",
+                "shr {item}, {loaded_shift}",
+                "mov {item}, qword ptr [{slot} + 8*{item} + {mags}]",
+                "mov {item}, qword ptr [{item} + 8*{n} + {rounds_m8}]",
                 "sub {st}, 1",
                 // The commit.
                 "mov qword ptr [{slot} + {state}], {st}",
@@ -1297,18 +1316,17 @@ mod x86_64_magazine {
                 "9:",
                 area = in(reg) area,
                 base = in(reg) base,
-                stride = in(reg) stride,
                 ncpus = in(reg) ncpus,
                 slot = out(reg) _,
                 st = out(reg) _,
                 n = out(reg) _,
-                mag = out(reg) _,
                 item = out(reg) item,
                 stop = const STOP,
                 state = const STATE,
                 mags = const MAGS,
                 rounds_m8 = const ROUNDS - 8,
                 loaded_shift = const LOADED_SHIFT,
+                slot_shift = const SLOT_SHIFT,
                 rseq_cs = const RSEQ_CS,
                 cpu_id = const CPU_ID,
                 signature = const SIGNATURE,
@@ -1329,19 +1347,19 @@ mod x86_64_magazine {
     /// ```
     /// use scalemem::cpu::{possible, rseq};
     /// let n = possible();
-    /// let mut slots = vec![[0usize; 8]; n]; // nothing loaded: every push fails
+    /// let mut slots = vec![[0usize; 16]; n]; // nothing loaded: every push fails
     /// if let Some(area) = rseq::thread_area() {
-    ///     // SAFETY: this thread's area; `n` valid empty slots 64 bytes apart.
-    ///     let pushed = unsafe { rseq::mag_push(area, slots.as_mut_ptr().cast(), 64, n, 8 as *mut ()) };
+    ///     // SAFETY: this thread's area; `n` valid empty slots SLOT_STRIDE (128) bytes apart.
+    ///     let pushed = unsafe { rseq::mag_push(area, slots.as_mut_ptr().cast(), n, 8 as *mut ()) };
     ///     assert!(!pushed);
     /// }
     /// ```
     #[inline]
-    pub unsafe fn mag_push(area: *mut u8, base: *mut u8, stride: usize, ncpus: usize, item: *mut ()) -> bool {
-        let ok: u32;
+    pub unsafe fn mag_push(area: *mut u8, base: *mut u8, ncpus: usize, item: *mut ()) -> bool {
         // SAFETY: as in `mag_pop`. The round store lands beyond the loaded magazine's
         // count (`rounds < cap`, so inside its `cap` round words), where nobody reads,
-        // and is published only by the committing store of `STATE + 1`.
+        // and is published only by the committing store of `STATE + 1`. Every failure
+        // exit leaves by the `fail` label, before any store.
         unsafe {
             core::arch::asm!(
                 ".pushsection __rseq_cs, \"aw\"",
@@ -1350,35 +1368,33 @@ mod x86_64_magazine {
                 ".long 0, 0",
                 ".quad 4f, (5f - 4f), 6f",
                 ".popsection",
-                "xor {ok:e}, {ok:e}",
                 "2:",
                 "lea {slot}, [rip + 3b]",
                 "mov qword ptr [{area} + {rseq_cs}], {slot}",
                 "4:",
                 "mov {slot:e}, dword ptr [{area} + {cpu_id}]",
                 "cmp {slot}, {ncpus}",
-                "jae 9f",
-                "imul {slot}, {stride}",
+                "jae {fail}",
+                "shl {slot}, {slot_shift}",
                 "add {slot}, {base}",
                 "cmp qword ptr [{slot} + {stop}], 0",
-                "jne 9f",
+                "jne {fail}",
                 "mov {st}, qword ptr [{slot} + {state}]",
-                "movzx {n:e}, {st:x}",
+                // rounds < cap: a 16-bit compare of the low field with the next one (cap
+                // 0, nothing loaded, always fails).
                 "mov {t}, {st}",
                 "shr {t}, {cap_shift}",
-                "and {t}, 255",
-                "cmp {n}, {t}",
-                "jae 9f",
+                "cmp {st:x}, {t:x}",
+                "jae {fail}",
+                "movzx {n:e}, {st:x}",
                 "mov {t}, {st}",
                 "shr {t}, {loaded_shift}",
-                "and {t}, 3",
                 "mov {t}, qword ptr [{slot} + 8*{t} + {mags}]",
                 "mov qword ptr [{t} + 8*{n} + {rounds}], {item}",
                 "add {st}, 1",
                 // The commit.
                 "mov qword ptr [{slot} + {state}], {st}",
                 "5:",
-                "mov {ok:e}, 1",
                 "jmp 9f",
                 ".byte 0x0f, 0xb9, 0x3d",
                 ".long {signature}",
@@ -1387,27 +1403,27 @@ mod x86_64_magazine {
                 "9:",
                 area = in(reg) area,
                 base = in(reg) base,
-                stride = in(reg) stride,
                 ncpus = in(reg) ncpus,
                 item = in(reg) item,
                 slot = out(reg) _,
                 st = out(reg) _,
                 n = out(reg) _,
                 t = out(reg) _,
-                ok = out(reg) ok,
                 stop = const STOP,
                 state = const STATE,
                 mags = const MAGS,
                 rounds = const ROUNDS,
                 cap_shift = const CAP_SHIFT,
                 loaded_shift = const LOADED_SHIFT,
+                slot_shift = const SLOT_SHIFT,
                 rseq_cs = const RSEQ_CS,
                 cpu_id = const CPU_ID,
                 signature = const SIGNATURE,
+                fail = label { return false; },
                 options(nostack),
             );
         }
-        ok != 0
+        true
     }
 
     /// The current CPU's slot makes one transition: if it is not stopped and its state
@@ -1428,14 +1444,14 @@ mod x86_64_magazine {
     /// use scalemem::cpu::{possible, rseq};
     /// use scalemem::cpu::rseq::mag_layout::{MAGS, PREV_SHIFT};
     /// let n = possible();
-    /// let mut slots = vec![[0usize; 8]; n];
+    /// let mut slots = vec![[0usize; 16]; n];
     /// let empty = 1u64 << PREV_SHIFT; // nothing loaded, nothing previous: indices 0 and 1
     /// for slot in &mut slots { slot[1] = empty as usize; }
     /// if let Some(area) = rseq::thread_area() {
-    ///     // SAFETY: this thread's area; `n` valid slots 64 bytes apart; index 2 is
+    ///     // SAFETY: this thread's area; `n` valid slots 128 bytes apart; index 2 is
     ///     // unreferenced and the new state (the same) still describes the slot.
     ///     let old = unsafe {
-    ///         rseq::mag_exchange(area, slots.as_mut_ptr().cast(), 64, n, empty, empty, std::ptr::null_mut(), MAGS + 16, MAGS)
+    ///         rseq::mag_exchange(area, slots.as_mut_ptr().cast(), n, empty, empty, std::ptr::null_mut(), MAGS + 16, MAGS)
     ///     };
     ///     assert_eq!(old, Some(std::ptr::null_mut()));
     /// }
@@ -1445,7 +1461,6 @@ mod x86_64_magazine {
     pub unsafe fn mag_exchange(
         area: *mut u8,
         base: *mut u8,
-        stride: usize,
         ncpus: usize,
         expected: u64,
         new: u64,
@@ -1474,7 +1489,7 @@ mod x86_64_magazine {
                 "mov {slot:e}, dword ptr [{area} + {cpu_id}]",
                 "cmp {slot}, {ncpus}",
                 "jae 9f",
-                "imul {slot}, {stride}",
+                "shl {slot}, {slot_shift}",
                 "add {slot}, {base}",
                 "cmp qword ptr [{slot} + {stop}], 0",
                 "jne 9f",
@@ -1493,7 +1508,6 @@ mod x86_64_magazine {
                 "9:",
                 area = in(reg) area,
                 base = in(reg) base,
-                stride = in(reg) stride,
                 ncpus = in(reg) ncpus,
                 expected = in(reg) expected,
                 new = in(reg) new,
@@ -1504,6 +1518,7 @@ mod x86_64_magazine {
                 out = out(reg) out,
                 stop = const STOP,
                 state = const STATE,
+                slot_shift = const SLOT_SHIFT,
                 rseq_cs = const RSEQ_CS,
                 cpu_id = const CPU_ID,
                 signature = const SIGNATURE,
@@ -1523,7 +1538,7 @@ mod fallback_magazine {
     /// # Safety
     /// None needed; `unsafe` only to match the x86_64 signature.
     #[inline]
-    pub unsafe fn mag_pop(_area: *mut u8, _base: *mut u8, _stride: usize, _ncpus: usize) -> *mut () {
+    pub unsafe fn mag_pop(_area: *mut u8, _base: *mut u8, _ncpus: usize) -> *mut () {
         core::ptr::null_mut()
     }
 
@@ -1532,7 +1547,7 @@ mod fallback_magazine {
     /// # Safety
     /// None needed; `unsafe` only to match the x86_64 signature.
     #[inline]
-    pub unsafe fn mag_push(_area: *mut u8, _base: *mut u8, _stride: usize, _ncpus: usize, _item: *mut ()) -> bool {
+    pub unsafe fn mag_push(_area: *mut u8, _base: *mut u8, _ncpus: usize, _item: *mut ()) -> bool {
         false
     }
 
@@ -1545,7 +1560,6 @@ mod fallback_magazine {
     pub unsafe fn mag_exchange(
         _area: *mut u8,
         _base: *mut u8,
-        _stride: usize,
         _ncpus: usize,
         _expected: u64,
         _new: u64,

@@ -93,7 +93,8 @@ use core::ptr::{NonNull, null_mut};
 use super::depot::Depot;
 use super::magazine::Magazine;
 use crate::cpu::rseq::mag_layout::{
-    CAP_SHIFT, LOADED_SHIFT, MAGS, MAX_CAP, PREV_CAP_SHIFT, PREV_ROUNDS_SHIFT, PREV_SHIFT, ROUNDS_MASK,
+    BYTE_MASK, CAP_MASK, CAP_SHIFT, LOADED_SHIFT, MAGS, MAX_CAP, PREV_CAP_SHIFT, PREV_ROUNDS_SHIFT, PREV_SHIFT,
+    ROUNDS_MASK, SLOT_STRIDE,
 };
 use crate::cpu::{self, PerCpu, fence, rseq};
 use crate::epoch;
@@ -186,19 +187,19 @@ impl State {
         (self.0 & ROUNDS_MASK) as usize
     }
     fn cap(self) -> usize {
-        ((self.0 >> CAP_SHIFT) & 0xFF) as usize
+        ((self.0 >> CAP_SHIFT) & CAP_MASK) as usize
     }
     fn loaded(self) -> usize {
-        ((self.0 >> LOADED_SHIFT) & 3) as usize
+        ((self.0 >> LOADED_SHIFT) & BYTE_MASK) as usize
     }
     fn prev(self) -> usize {
-        ((self.0 >> PREV_SHIFT) & 3) as usize
+        ((self.0 >> PREV_SHIFT) & BYTE_MASK) as usize
     }
     fn prev_rounds(self) -> usize {
-        ((self.0 >> PREV_ROUNDS_SHIFT) & ROUNDS_MASK) as usize
+        ((self.0 >> PREV_ROUNDS_SHIFT) & BYTE_MASK) as usize
     }
     fn prev_cap(self) -> usize {
-        ((self.0 >> PREV_CAP_SHIFT) & 0xFF) as usize
+        ((self.0 >> PREV_CAP_SHIFT) & BYTE_MASK) as usize
     }
     /// The magazine word neither loaded nor previous.
     fn spare(self) -> usize {
@@ -336,6 +337,53 @@ impl Slot {
     }
 }
 
+/// The slots of a rseq-mode [`CpuCaches`], reduced to what its hit sections need (the
+/// base address and the slot count; slots are `SLOT_STRIDE` apart, `PerCpu`'s spacing).
+/// [`CpuCaches::raw_slots`] makes one; a caller that keeps it in a table of its own (the
+/// global heap's per-class table) reaches the current CPU's slot without loading the
+/// layer first. Valid while the layer lives.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RawSlots {
+    pub(crate) base: *mut u8,
+    pub(crate) ncpus: usize,
+}
+
+impl RawSlots {
+    /// A pop from the current CPU's loaded magazine (no swap, no depot): one rseq
+    /// section; `None` when it is empty or missing, the slot is stopped, or this thread
+    /// has no rseq registration.
+    ///
+    /// # Safety
+    /// 1. `self` came from [`CpuCaches::raw_slots`] of a layer that is still alive.
+    #[inline(always)]
+    pub(crate) unsafe fn pop(self) -> Option<NonNull<u8>> {
+        // Unchecked: rseq mode was chosen after rseq_enabled(); a thread without a
+        // registration fails the section and takes the slow path.
+        let area = rseq::thread_area_unchecked();
+        // SAFETY: (1) this thread's area, now (unchecked: see the module doc of
+        // cpu::rseq). (2) By (1), `ncpus` initialised slots of the mag_layout layout
+        // (checked at compile time) at base + cpu * SLOT_STRIDE, alive with the layer; a
+        // slot's state and magazine words are consistent whenever no section is
+        // mid-flight (every change commits with the state store). (3) In rseq mode only
+        // the sections and a reconfigurer that stopped the slot write them.
+        NonNull::new(unsafe { rseq::mag_pop(area, self.base, self.ncpus) }.cast::<u8>())
+    }
+
+    /// A push of `round` into the current CPU's loaded magazine if it has room (no swap,
+    /// no depot): one rseq section; false otherwise, the round still the caller's.
+    ///
+    /// # Safety
+    /// As [`pop`](Self::pop); `round` is an object the layer may hold (as for
+    /// [`CpuCaches::free`]).
+    #[inline(always)]
+    pub(crate) unsafe fn push(self, round: NonNull<u8>) -> bool {
+        // Unchecked: as in `pop`.
+        let area = rseq::thread_area_unchecked();
+        // SAFETY: as in `pop`.
+        unsafe { rseq::mag_push(area, self.base, self.ncpus, round.as_ptr().cast()) }
+    }
+}
+
 /// How the slots synchronise; fixed at construction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -402,6 +450,7 @@ const _: () = assert!(
     core::mem::offset_of!(Slot, stop) == crate::cpu::rseq::mag_layout::STOP
         && core::mem::offset_of!(Slot, state) == crate::cpu::rseq::mag_layout::STATE
         && core::mem::offset_of!(Slot, mags) == MAGS
+        && PerCpu::<Slot>::STRIDE == SLOT_STRIDE
         && size_of::<AtomicUsize>() == 8
         && size_of::<AtomicPtr<Magazine>>() == 8
 );
@@ -524,13 +573,6 @@ impl CpuCaches {
         self.mode == Mode::Rseq && self.push_rseq(round)
     }
 
-    /// Whether the slots synchronise by rseq sections (else by per-CPU try-locks); fixed
-    /// at construction. Lets a hit path send locked mode out of line before it starts.
-    #[inline(always)]
-    pub(crate) fn is_rseq(&self) -> bool {
-        self.mode == Mode::Rseq
-    }
-
     /// [`try_pop`](Self::try_pop)'s locked-mode counterpart: one try-lock of the current
     /// CPU's slot and a pop from its loaded magazine; `None` in rseq mode (the caller
     /// tried the section already) or if the slot stayed busy. For the callers' slow
@@ -558,17 +600,18 @@ impl CpuCaches {
     /// `pop_round` in rseq mode (the caller has checked the mode).
     #[inline(always)]
     fn pop_rseq(&self) -> Option<NonNull<u8>> {
-        // Unchecked: rseq mode was chosen after rseq_enabled(); a thread without a
-        // registration fails the section and takes the slow path.
-        let area = rseq::thread_area_unchecked();
-        let (base, stride, ncpus) = self.slots.raw_parts();
-        // SAFETY: (1) this thread's area, now (unchecked: see the module doc of
-        // cpu::rseq). (2) `ncpus` initialised slots of the mag_layout layout (checked at
-        // compile time) at base + cpu * stride, alive with &self; a slot's state and
-        // magazine words are consistent whenever no section is mid-flight (every change
-        // commits with the state store). (3) In rseq mode only the sections and a
-        // reconfigurer that stopped the slot write them.
-        NonNull::new(unsafe { rseq::mag_pop(area, base, stride, ncpus) }.cast::<u8>())
+        let (base, _, ncpus) = self.slots.raw_parts();
+        // SAFETY: this layer's own slots, in rseq mode (the caller's check), alive with
+        // &self: what `RawSlots::pop` asks.
+        unsafe { RawSlots { base, ncpus }.pop() }
+    }
+
+    /// The rseq-mode slots as a [`RawSlots`] handle, for a caller that keeps it where its
+    /// fast path finds it in fewer loads than through `self`; `None` in locked mode.
+    #[inline]
+    pub(crate) fn raw_slots(&self) -> Option<RawSlots> {
+        let (base, _, ncpus) = self.slots.raw_parts();
+        (self.mode == Mode::Rseq).then_some(RawSlots { base, ncpus })
     }
 
     #[inline(always)]
@@ -582,11 +625,9 @@ impl CpuCaches {
     /// `push_round` in rseq mode (the caller has checked the mode).
     #[inline(always)]
     fn push_rseq(&self, round: NonNull<u8>) -> bool {
-        // Unchecked: as in pop_rseq.
-        let area = rseq::thread_area_unchecked();
-        let (base, stride, ncpus) = self.slots.raw_parts();
+        let (base, _, ncpus) = self.slots.raw_parts();
         // SAFETY: as in pop_rseq.
-        unsafe { rseq::mag_push(area, base, stride, ncpus, round.as_ptr().cast()) }
+        unsafe { RawSlots { base, ncpus }.push(round) }
     }
 
     /// The one-store transition of the current CPU's slot (rseq) or of slot `cpu` (locked)
@@ -597,7 +638,7 @@ impl CpuCaches {
             Mode::Rseq => {
                 // Unchecked: as in pop_round.
                 let area = rseq::thread_area_unchecked();
-                let (base, stride, ncpus) = self.slots.raw_parts();
+                let (base, _, ncpus) = self.slots.raw_parts();
                 let store_off = MAGS + 8 * expected.spare();
                 let load_off = MAGS + 8 * expected.prev();
                 // SAFETY: (1)-(3) as in pop_round; `new` describes the slot once `item`
@@ -606,7 +647,7 @@ impl CpuCaches {
                 // swap, a null nobody reads). (4) both offsets are magazine words and the
                 // spare one is referenced by neither index of `expected`.
                 let evicted = unsafe {
-                    rseq::mag_exchange(area, base, stride, ncpus, expected.0, new.0, item.cast(), store_off, load_off)
+                    rseq::mag_exchange(area, base, ncpus, expected.0, new.0, item.cast(), store_off, load_off)
                 };
                 evicted.map(|p| p.cast::<Magazine>())
             }
