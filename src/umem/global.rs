@@ -101,11 +101,11 @@ use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use super::cache::{Config, ObjectCache};
-use super::cpu_cache::CpuCaches;
+use super::cpu_cache::{CpuCaches, RawSlots};
 use super::large::{self, LargeConfig, LargeHeap};
 use super::os;
 use super::region::{self, PAGE, Regions};
-use super::sizeclass::{ClassIndex, NCLASSES, class_of, class_size};
+use super::sizeclass::{ClassIndex, MAX_CLASS_SIZE, NCLASSES, class_of, class_size};
 use crate::util::Backoff;
 
 /// The alignment [`malloc`] guarantees (glibc's on x86-64: `max_align_t`).
@@ -284,10 +284,11 @@ unsafe fn boot_size(ptr: *const u8) -> usize {
 // The heap.
 
 /// Class `i`'s per-CPU layer (its cache's magazines) once the cache is made, null
-/// before: what the fast paths load first, so that a magazine hit follows one pointer
-/// from a static before its rseq section instead of three (heap, cache handle, cache).
-/// Set once, after `Heap::caches[i]`; the global caches are never destroyed, so an entry
-/// stays valid for the life of the process (in `fork`ed children too).
+/// before: what the locked-mode hit paths load first (the rseq-mode ones load
+/// [`FAST_SLOTS`]), so that a magazine hit follows one pointer from a static instead of
+/// three (heap, cache handle, cache). Set once, after `Heap::caches[i]`; the global
+/// caches are never destroyed, so an entry stays valid for the life of the process (in
+/// `fork`ed children too).
 static FAST: [AtomicPtr<CpuCaches>; NCLASSES] = [const { AtomicPtr::new(ptr::null_mut()) }; NCLASSES];
 
 /// Class `class`'s per-CPU layer if its cache is made.
@@ -297,6 +298,75 @@ fn fast(class: ClassIndex) -> Option<&'static CpuCaches> {
     let cpu = FAST[class.get()].load(Ordering::Acquire);
     // SAFETY: null, or the layer of a leaked global cache, never destroyed (see FAST).
     unsafe { cpu.as_ref() }
+}
+
+/// What the rseq-mode hit paths load instead of [`FAST`]: each made class's per-CPU
+/// slots ([`RawSlots`]), indexed by page tag (class + 1), so that `malloc` and `free`
+/// reach the current CPU's slot from the class in one load, with no check of the mode.
+/// A null base is "not here": tag 0 (no class), a class not made yet, and every class in
+/// locked mode, whose hits go out of line ([`alloc_unfast`], [`free_unfast`]). Set once
+/// per class, after [`FAST`]; the global caches are never destroyed.
+struct FastSlots {
+    /// The slot count of every global layer (each has one slot per possible CPU); set
+    /// before the first base is published, never changed.
+    ncpus: AtomicUsize,
+    /// Slot bases by page tag; 256 entries, so that any tag byte indexes it.
+    base: [AtomicPtr<u8>; 256],
+}
+
+static FAST_SLOTS: FastSlots =
+    FastSlots { ncpus: AtomicUsize::new(0), base: [const { AtomicPtr::new(ptr::null_mut()) }; 256] };
+
+// Every class's tag indexes FAST_SLOTS.base.
+const _: () = assert!(NCLASSES < 255);
+
+/// The page tag of class `class`'s slab pages (0 means "no class").
+#[inline]
+fn tag_of(class: ClassIndex) -> u8 {
+    // No overflow: class < NCLASSES < 255.
+    class.get() as u8 + 1
+}
+
+/// The rseq-mode slots of the class whose page tag is `tag`, if published.
+#[inline(always)]
+fn fast_slots(tag: u8) -> Option<RawSlots> {
+    fast_slots_at(&FAST_SLOTS.base[usize::from(tag)])
+}
+
+/// The rseq-mode slots of class `class`, if published: [`fast_slots`] of its tag,
+/// indexed without the tag's byte arithmetic.
+#[inline(always)]
+fn fast_slots_of(class: ClassIndex) -> Option<RawSlots> {
+    // SAFETY: class < NCLASSES < 255 (ClassIndex's invariant), so class + 1 (its tag) is
+    // in bounds.
+    fast_slots_at(unsafe { FAST_SLOTS.base.get_unchecked(class.get() + 1) })
+}
+
+/// The slots an entry of [`FAST_SLOTS`] publishes, if any.
+#[inline(always)]
+fn fast_slots_at(entry: &AtomicPtr<u8>) -> Option<RawSlots> {
+    // Acquire: pairs with the Release store in `publish_fast_slots`: the slots are
+    // initialised, and `ncpus` (stored before) is seen.
+    let base = entry.load(Ordering::Acquire);
+    // Relaxed: ordered after the Acquire above.
+    (!base.is_null()).then(|| RawSlots { base, ncpus: FAST_SLOTS.ncpus.load(Ordering::Relaxed) })
+}
+
+/// Publishes `cpu`'s slots for the hit paths if it runs in rseq mode (with the slot
+/// count every global layer shares; a layer with another count, which cannot happen,
+/// is left to [`FAST`]).
+fn publish_fast_slots(class: ClassIndex, cpu: &'static CpuCaches) {
+    let Some(raw) = cpu.raw_slots() else { return };
+    // Relaxed: published by the Release store of a base below; the value never changes.
+    let ncpus = FAST_SLOTS.ncpus.load(Ordering::Relaxed);
+    if ncpus == 0 {
+        // Relaxed: as above; `make_cache` runs under the heap's set-up lock.
+        FAST_SLOTS.ncpus.store(raw.ncpus, Ordering::Relaxed);
+    } else if ncpus != raw.ncpus {
+        return;
+    }
+    // Release: pairs with the Acquire load in `fast_slots`.
+    FAST_SLOTS.base[usize::from(tag_of(class))].store(raw.base, Ordering::Release);
 }
 
 /// The process-wide heap, in its own mapping (never unmapped).
@@ -464,7 +534,7 @@ impl Heap {
             let config = Config { reaper: false, magazines: magazine_config(size), ..Config::default() };
             // Class i's slab pages carry the tag i + 1 (NCLASSES < 255), which `free`
             // reads to find the class in one load.
-            let tag = class.get() as u8 + 1;
+            let tag = tag_of(class);
             if let Ok(cache) = ObjectCache::builder(NAME, size, align)
                 .regions(&self.regions)
                 .config(config)
@@ -480,6 +550,7 @@ impl Heap {
                 let cpu = unsafe { &*c }.cpu_caches();
                 // Release: pairs with the Acquire load in `fast`.
                 FAST[class.get()].store(ptr::from_ref(cpu).cast_mut(), Ordering::Release);
+                publish_fast_slots(class, cpu);
             }
         }
         self.create.unlock();
@@ -648,7 +719,8 @@ fn countdown(heap: &'static Heap) {
 /// ```
 #[inline]
 pub fn malloc(size: usize) -> *mut u8 {
-    aligned_alloc(MIN_ALIGN, size)
+    // A size-class request first, so that its path tests the size once.
+    if size <= MAX_CLASS_SIZE { alloc_block(size, MIN_ALIGN) } else { aligned_alloc(MIN_ALIGN, size) }
 }
 
 /// `aligned_alloc`/`memalign`: `size` bytes aligned to `align` (at least [`MIN_ALIGN`]
@@ -673,31 +745,32 @@ pub fn aligned_alloc(align: usize, size: usize) -> *mut u8 {
 
 /// Every interface's allocation: the fast path is a pop from this CPU's loaded magazine
 /// of the class's cache, with no guard (one rseq section calls nothing, so it is safe
-/// even re-entrantly); anything else is [`alloc_slow`].
-#[inline]
+/// even re-entrantly), reached through [`FAST_SLOTS`]; anything else is [`alloc_slow`]
+/// (or, for a class without published slots, [`alloc_unfast`]).
+#[inline(always)]
 fn alloc_block(size: usize, align: usize) -> *mut u8 {
-    if let Some(class) = class_of(size, align)
-        && let Some(cpu) = fast(class)
-    {
-        if !cpu.is_rseq() {
-            return alloc_locked(cpu, size, align);
-        }
-        if let Some(p) = cpu.try_pop() {
+    if let Some(class) = class_of(size, align) {
+        let Some(slots) = fast_slots_of(class) else { return alloc_unfast(class, size, align) };
+        // SAFETY: published slots of a global layer, which lives forever.
+        if let Some(p) = unsafe { slots.pop() } {
             return p.as_ptr();
         }
     }
     alloc_slow(size, align)
 }
 
-/// [`alloc_block`] in locked mode (no rseq): the magazine hit behind the CPU slot's
-/// try-lock, out of line so that the rseq hit path holds no call; without the guard, as
-/// the rseq hit (a bounded try-lock calls nothing).
+/// [`alloc_block`] for a class whose slots are not in [`FAST_SLOTS`]: in locked mode (no
+/// rseq) the magazine hit behind the CPU slot's try-lock, out of line so that the rseq
+/// hit path holds no call, and without the guard, as the rseq hit (a bounded try-lock
+/// calls nothing); else (the cache not made yet) [`alloc_slow`].
 #[inline(never)]
-fn alloc_locked(cpu: &'static CpuCaches, size: usize, align: usize) -> *mut u8 {
-    match cpu.try_pop_locked() {
-        Some(p) => p.as_ptr(),
-        None => alloc_slow(size, align),
+fn alloc_unfast(class: ClassIndex, size: usize, align: usize) -> *mut u8 {
+    if let Some(cpu) = fast(class)
+        && let Some(p) = cpu.try_pop_locked()
+    {
+        return p.as_ptr();
     }
+    alloc_slow(size, align)
 }
 
 /// The allocation slow path, under the guard: a re-entrant request goes to the
@@ -757,32 +830,36 @@ pub fn calloc(n: usize, size: usize) -> *mut u8 {
 pub unsafe fn free(ptr: *mut u8) {
     let Some(nn) = NonNull::new(ptr) else { return };
     // A live object of its page's tag's class, freed once (the caller's contract).
-    if let Some(class) = tagged_class(ptr)
-        && let Some(cpu) = fast(class)
-    {
-        if !cpu.is_rseq() {
-            // SAFETY: the caller's contract; `class` is the object's.
-            return unsafe { free_locked(cpu, nn) };
-        }
-        if cpu.try_push(nn) {
+    let tag = page_tag(ptr);
+    if let Some(slots) = fast_slots(tag) {
+        // SAFETY: published slots of a global layer, which lives forever; the object is
+        // one of its cache's (its page's tag).
+        if unsafe { slots.push(nn) } {
             return;
         }
+    } else if tag != 0 {
+        // SAFETY: the caller's contract; a size-class object (its page has a tag).
+        return unsafe { free_unfast(nn) };
     }
     // SAFETY: the caller's contract.
     unsafe { free_rest(nn) };
 }
 
-/// [`free`] of a size-class object in locked mode (no rseq): the magazine push behind
-/// the CPU slot's try-lock, out of line (as [`alloc_locked`]).
+/// [`free`] of a size-class object whose class has no slots in [`FAST_SLOTS`]: in locked
+/// mode (no rseq) the magazine push behind the CPU slot's try-lock, out of line (as
+/// [`alloc_unfast`]); else [`free_rest`].
 ///
 /// # Safety
-/// As [`free`]; `nn` is a live object of `cpu`'s cache.
+/// As [`free`].
 #[inline(never)]
-unsafe fn free_locked(cpu: &'static CpuCaches, nn: NonNull<u8>) {
-    if !cpu.try_push_locked(nn) {
-        // SAFETY: the caller's contract.
-        unsafe { free_rest(nn) };
+unsafe fn free_unfast(nn: NonNull<u8>) {
+    if let Some(cpu) = tagged_class(nn.as_ptr()).and_then(fast)
+        && cpu.try_push_locked(nn)
+    {
+        return;
     }
+    // SAFETY: the caller's contract.
+    unsafe { free_rest(nn) };
 }
 
 /// `free` past a magazine push: size-class objects whose CPU's magazine is full (or in
@@ -827,14 +904,19 @@ const _: () = assert!(NCLASSES < u8::MAX as usize);
 /// caches are never destroyed and never in checking mode, so a push is all a free needs.
 #[inline]
 fn push_fast(ptr: NonNull<u8>, class: ClassIndex) -> bool {
-    let Some(cpu) = fast(class) else { return false };
-    if cpu.is_rseq() { cpu.try_push(ptr) } else { push_locked(cpu, ptr) }
+    match fast_slots_of(class) {
+        // SAFETY: published slots of a global layer, which lives forever; `ptr` is one
+        // of its cache's objects (the caller's).
+        Some(slots) => unsafe { slots.push(ptr) },
+        None => push_unfast(ptr, class),
+    }
 }
 
-/// `push_fast` in locked mode (no rseq), out of line so that the rseq push holds no call.
+/// `push_fast` for a class without published slots (locked mode, or not made), out of
+/// line so that the rseq push holds no call.
 #[inline(never)]
-fn push_locked(cpu: &CpuCaches, ptr: NonNull<u8>) -> bool {
-    cpu.try_push_locked(ptr)
+fn push_unfast(ptr: NonNull<u8>, class: ClassIndex) -> bool {
+    fast(class).is_some_and(|cpu| cpu.try_push_locked(ptr))
 }
 
 /// The heap's region registry once it has one (`Regions::registry`; null before): what
@@ -848,21 +930,27 @@ static REGISTRY: AtomicPtr<u64> = AtomicPtr::new(ptr::null_mut());
 /// `free_rest` sets it).
 #[inline]
 fn tagged_class(ptr: *const u8) -> Option<ClassIndex> {
+    ClassIndex::new(usize::from(page_tag(ptr)).checked_sub(1)?)
+}
+
+/// The page tag of a block in the heap's regions (its class + 1: see [`tagged_class`]);
+/// 0 for anything else.
+#[inline(always)]
+fn page_tag(ptr: *const u8) -> u8 {
     // Acquire: pairs with the Release store in `registry_slow`. Null until `free_rest`
     // has set it: no call here, so that `free`'s fast path saves no registers.
     let registry = REGISTRY.load(Ordering::Acquire).cast_const();
     if registry.is_null() {
-        return None;
+        return 0;
     }
     // SAFETY: the global heap's registry, which lives forever.
     if !unsafe { region::registry_has(registry, ptr) } {
-        return None;
+        return 0;
     }
     // SAFETY: `ptr` is in one of the heap's regions, so (the callers' contract: a live
     // block of ours) in a live slab of a size-class cache, whose pages were tagged with
     // its class + 1 before the object was handed out.
-    let tag = unsafe { region::page_tag(ptr) };
-    ClassIndex::new(usize::from(tag).checked_sub(1)?)
+    unsafe { region::page_tag(ptr) }
 }
 
 /// Loads the heap's registry into [`REGISTRY`] once the heap has one.
