@@ -280,3 +280,218 @@ mod canary_imp {
         }
     }
 }
+
+// --- Initial-exec thread-local words (appended for `umem` as the process's malloc) ---
+
+/// A value that [`ie_thread_local!`] keeps in a thread-local 64-bit word.
+pub(crate) trait TlsWord: Copy {
+    /// The word that stores `self`.
+    fn to_word(self) -> u64;
+    /// The value a word stores; 0 is the value a word starts with.
+    fn from_word(word: u64) -> Self;
+}
+
+impl TlsWord for bool {
+    #[inline(always)]
+    fn to_word(self) -> u64 {
+        u64::from(self)
+    }
+    #[inline(always)]
+    fn from_word(word: u64) -> Self {
+        word != 0
+    }
+}
+
+impl TlsWord for u32 {
+    #[inline(always)]
+    fn to_word(self) -> u64 {
+        u64::from(self)
+    }
+    #[inline(always)]
+    fn from_word(word: u64) -> Self {
+        word as u32
+    }
+}
+
+impl TlsWord for u64 {
+    #[inline(always)]
+    fn to_word(self) -> u64 {
+        self
+    }
+    #[inline(always)]
+    fn from_word(word: u64) -> Self {
+        word
+    }
+}
+
+impl TlsWord for usize {
+    #[inline(always)]
+    fn to_word(self) -> u64 {
+        self as u64
+    }
+    #[inline(always)]
+    fn from_word(word: u64) -> Self {
+        word as usize
+    }
+}
+
+impl<T> TlsWord for *const T {
+    #[inline(always)]
+    fn to_word(self) -> u64 {
+        self.expose_provenance() as u64
+    }
+    #[inline(always)]
+    fn from_word(word: u64) -> Self {
+        core::ptr::with_exposed_provenance(word as usize)
+    }
+}
+
+/// Declares thread-local words that every thread starts at 0 (`false`, 0, null) and
+/// that need no registration and have no destructor:
+///
+/// ```text
+/// ie_thread_local! {
+///     /// Set while this thread is inside the heap.
+///     static GUARD: bool;
+/// }
+/// GUARD.set(true);
+/// assert!(GUARD.get());
+/// ```
+///
+/// Each `NAME` is a unit value whose `get`/`set` read and write the calling thread's
+/// word. On x86-64 Linux (outside loom) the word is a symbol of the initial-exec TLS
+/// model, read with one `fs:`-relative load of an offset from the GOT: unlike the
+/// general-dynamic model of `thread_local!` in a shared library, it never calls
+/// `__tls_get_addr`, which may take the dynamic loader's lock and call `malloc` (to grow
+/// a thread's DTV after a `dlopen`); from inside `malloc`, as the library's slow paths
+/// are, that deadlocks (preload lane, `preload/tests/dtv`). The library gets the
+/// `STATIC_TLS` flag: its words live in the static TLS block, which `LD_PRELOAD` and
+/// linking provide (glibc also keeps a reserve for a library loaded with `dlopen`).
+/// Elsewhere, and under loom, the words are `thread_local!` cells.
+///
+/// The symbols are named after the crate's version and `NAME`, hidden, so two words of
+/// one name in one crate version fail to link rather than alias.
+macro_rules! ie_thread_local {
+    ($($(#[$attr:meta])* $vis:vis static $name:ident: $ty:ty;)+) => {
+        $($crate::sync::ie_thread_local_one!($(#[$attr])* $vis static $name: $ty);)+
+    };
+}
+pub(crate) use ie_thread_local;
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom)))]
+macro_rules! ie_thread_local_one {
+    ($(#[$attr:meta])* $vis:vis static $name:ident: $ty:ty) => {
+        // A zero-filled word in .tbss: every thread's copy starts at 0.
+        core::arch::global_asm!(
+            concat!(".pushsection .tbss.__scalemem_tls_", stringify!($name), ",\"awT\",@nobits"),
+            ".p2align 3",
+            concat!(".globl ", $crate::sync::ie_symbol!($name)),
+            concat!(".hidden ", $crate::sync::ie_symbol!($name)),
+            concat!(".type ", $crate::sync::ie_symbol!($name), ",@object"),
+            concat!(".size ", $crate::sync::ie_symbol!($name), ",8"),
+            concat!($crate::sync::ie_symbol!($name), ":"),
+            ".zero 8",
+            ".popsection",
+        );
+
+        $(#[$attr])*
+        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+        #[derive(Clone, Copy)]
+        $vis struct $name;
+
+        impl $name {
+            /// The calling thread's value.
+            #[inline(always)]
+            #[allow(dead_code)]
+            $vis fn get(self) -> $ty {
+                let word: u64;
+                // SAFETY: the GOT entry holds the word's offset from the thread pointer
+                // (initial-exec model; the loader fills it when it places the library's
+                // static TLS), so `fs:[offset]` is this thread's 8-byte word, which only
+                // this thread reads and writes. Reads memory only; no stack.
+                unsafe {
+                    core::arch::asm!(
+                        concat!("mov {off}, qword ptr [rip + ", $crate::sync::ie_symbol!($name), "@GOTTPOFF]"),
+                        "mov {word}, qword ptr fs:[{off}]",
+                        off = out(reg) _,
+                        word = out(reg) word,
+                        options(nostack, readonly, preserves_flags),
+                    );
+                }
+                <$ty as $crate::sync::TlsWord>::from_word(word)
+            }
+
+            /// Sets the calling thread's value.
+            #[inline(always)]
+            #[allow(dead_code)]
+            $vis fn set(self, value: $ty) {
+                let word = <$ty as $crate::sync::TlsWord>::to_word(value);
+                // SAFETY: as in `get`; the store is to this thread's own word.
+                unsafe {
+                    core::arch::asm!(
+                        concat!("mov {off}, qword ptr [rip + ", $crate::sync::ie_symbol!($name), "@GOTTPOFF]"),
+                        "mov qword ptr fs:[{off}], {word}",
+                        off = out(reg) _,
+                        word = in(reg) word,
+                        options(nostack, preserves_flags),
+                    );
+                }
+            }
+        }
+    };
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom))))]
+macro_rules! ie_thread_local_one {
+    ($(#[$attr:meta])* $vis:vis static $name:ident: $ty:ty) => {
+        $(#[$attr])*
+        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+        #[derive(Clone, Copy)]
+        $vis struct $name;
+
+        impl $name {
+            #[inline(always)]
+            fn word<R>(f: impl FnOnce(&core::cell::Cell<u64>) -> R) -> R {
+                $crate::sync::thread_local! {
+                    static WORD: core::cell::Cell<u64> = core::cell::Cell::new(0);
+                }
+                WORD.with(f)
+            }
+
+            /// The calling thread's value.
+            #[inline(always)]
+            #[allow(dead_code)]
+            $vis fn get(self) -> $ty {
+                <$ty as $crate::sync::TlsWord>::from_word(Self::word(|w| w.get()))
+            }
+
+            /// Sets the calling thread's value.
+            #[inline(always)]
+            #[allow(dead_code)]
+            $vis fn set(self, value: $ty) {
+                let word = <$ty as $crate::sync::TlsWord>::to_word(value);
+                Self::word(|w| w.set(word));
+            }
+        }
+    };
+}
+pub(crate) use ie_thread_local_one;
+
+/// The assembler symbol of the initial-exec word `NAME`.
+#[allow(unused_macros)]
+macro_rules! ie_symbol {
+    ($name:ident) => {
+        concat!(
+            "__scalemem_",
+            env!("CARGO_PKG_VERSION_MAJOR"),
+            "_",
+            env!("CARGO_PKG_VERSION_MINOR"),
+            "_",
+            env!("CARGO_PKG_VERSION_PATCH"),
+            "_tls_",
+            stringify!($name)
+        )
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use ie_symbol;

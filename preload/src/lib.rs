@@ -42,9 +42,13 @@
 //!   `pthread_atfork`, which call `malloc` — this library — again: the library marks
 //!   the thread while it is inside the heap and serves such re-entrant calls from a
 //!   bootstrap arena of mapped memory, so nothing recurses and nothing waits on itself.
-//! - **Thread-local state**: only the library's, and only `const` thread-locals (the
-//!   re-entrancy mark, a maintenance countdown) that need no registration and have no
-//!   destructor, plus the CPU number from glibc's rseq area. This layer has none.
+//! - **Thread-local state**: only the library's, and only words of the initial-exec TLS
+//!   model (the re-entrancy mark, a maintenance countdown, the thread's epoch record;
+//!   the library carries `STATIC_TLS`), with no registration and no destructor, plus the
+//!   CPU number from glibc's rseq area. No `malloc` path calls `__tls_get_addr`: after a
+//!   `dlopen` of a library with TLS, that call grows the thread's DTV with `malloc` under
+//!   the loader's TLS lock, and a `malloc` that called it again deadlocked
+//!   (`preload/tests/dtv.c`). This layer has none.
 //! - **Fork**: the library's `pthread_atfork` handlers hold every heap lock across the
 //!   fork, so a child can allocate at once even if other threads of the parent were
 //!   allocating at the fork.

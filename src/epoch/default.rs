@@ -3,7 +3,9 @@
 //! Registration must not allocate through the global allocator (the allocator pins on
 //! its own paths), and must not rely on `thread_local!` destructors, which std
 //! registers lazily in an allocating list. So the thread's record pointer lives in a
-//! `const`-initialised, destructor-free thread-local (a plain TLS slot), and thread exit
+//! destructor-free thread-local word of the initial-exec TLS model
+//! ([`ie_thread_local!`](crate::sync::ie_thread_local), which never calls
+//! `__tls_get_addr` from inside `malloc`), and thread exit
 //! is observed with a pthread key whose destructor releases the record. A thread that
 //! pins after its key destructor ran (from another thread-local destructor) gets a
 //! temporary record for the duration of the call, as does every call where the key
@@ -18,7 +20,6 @@ pub(crate) use imp::register_fork_handler;
 
 #[cfg(not(scalemem_loom))]
 mod imp {
-    use core::cell::Cell;
     use core::ptr::{self, NonNull};
 
     use super::super::collector::Collector;
@@ -36,8 +37,10 @@ mod imp {
     /// Marks a thread whose key destructor has run: later pins use temporary records.
     const EXITED: *const Local = ptr::dangling::<Local>();
 
-    crate::sync::thread_local! {
-        static RECORD: Cell<*const Local> = const { Cell::new(ptr::null()) };
+    crate::sync::ie_thread_local! {
+        /// This thread's record, [`EXITED`] after its key destructor ran; null before it
+        /// registers.
+        static RECORD: *const Local;
     }
 
     /// The pthread key whose destructor releases a thread's record.
@@ -45,7 +48,7 @@ mod imp {
 
     /// Thread-exit hook: releases the thread's handle on its record.
     unsafe extern "C" fn release_at_exit(record: *mut libc::c_void) {
-        let _ = RECORD.try_with(|slot| slot.set(EXITED));
+        RECORD.set(EXITED);
         if let Some(local) = NonNull::new(record.cast::<Local>()) {
             // SAFETY: the key's value is the record this thread registered, on which it
             // holds the handle released here; the thread no longer uses it.
@@ -56,7 +59,7 @@ mod imp {
     /// Calls `f` with this thread's record, registering the thread on first use.
     #[inline]
     pub(super) fn with_local<R>(f: impl FnOnce(NonNull<Local>) -> R) -> R {
-        let current = RECORD.try_with(Cell::get).unwrap_or(EXITED);
+        let current = RECORD.get();
         match NonNull::new(current as *mut Local) {
             Some(local) if current != EXITED => f(local),
             _ => with_local_slow(current, f),
@@ -68,7 +71,7 @@ mod imp {
 
     /// `pthread_atfork` child handler: see [`Global::after_fork_in_child`].
     extern "C" fn after_fork_in_child() {
-        let me = RECORD.try_with(Cell::get).unwrap_or(ptr::null());
+        let me = RECORD.get();
         let me = if me == EXITED { ptr::null() } else { me };
         // SAFETY: the child of fork, in its handler: the only thread, which was in
         // `fork`, not in a collection or an advance; `me` is its registered record.
@@ -98,7 +101,7 @@ mod imp {
         {
             // SAFETY: `key` is a live key; the value is this thread's record.
             if unsafe { libc::pthread_setspecific(key, local.as_ptr().cast()) } == 0 {
-                let _ = RECORD.try_with(|slot| slot.set(local.as_ptr()));
+                RECORD.set(local.as_ptr());
                 return f(local);
             }
         }

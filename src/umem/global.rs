@@ -47,8 +47,10 @@
 //! The heap's own state lives in mapped memory, but making a size-class cache, the
 //! regions' Refcache domain or the `fork` handlers' registration uses `Box`, `Arc` and
 //! glibc functions that call `malloc` — which is this allocator. Each thread therefore
-//! carries a **guard** flag (a `const` thread-local: no registration, usable from
-//! thread-local destructors), set for the duration of every slow path: anything past a
+//! carries a **guard** flag (an initial-exec thread-local word: no registration, usable
+//! from thread-local destructors, and never reached through `__tls_get_addr`, which in a
+//! shared library can take the loader's lock and call `malloc`; see
+//! `sync::ie_thread_local!`), set for the duration of every slow path: anything past a
 //! pop from or a push into the CPU's loaded magazine (that one rseq section calls
 //! nothing, so it needs no guard and is safe re-entrantly). A request that finds the
 //! guard set is re-entrant and is served from the **bootstrap arena**: a bump allocator
@@ -96,7 +98,6 @@
 //!   null, never a panic.
 
 use core::alloc::{GlobalAlloc, Layout};
-use core::cell::Cell;
 use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
@@ -168,11 +169,13 @@ pub struct UmemStats {
 // ---------------------------------------------------------------------------------------
 // The per-thread guard and maintenance countdown.
 
-std::thread_local! {
+// Initial-exec words, not `thread_local!`: in `libscalemem.so` the latter would reach
+// them through `__tls_get_addr`, which can take the loader's lock and call `malloc`.
+crate::sync::ie_thread_local! {
     /// Set while this thread is inside the heap: a request that finds it set is re-entrant.
-    static GUARD: Cell<bool> = const { Cell::new(false) };
+    static GUARD: bool;
     /// Allocations left before this thread next looks at the maintenance clock.
-    static COUNTDOWN: Cell<u32> = const { Cell::new(0) };
+    static COUNTDOWN: u32;
 }
 
 /// Slow paths (magazine misses, large requests) between two looks at the maintenance

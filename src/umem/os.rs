@@ -32,17 +32,14 @@ use crate::util::AllocError;
 #[cfg(not(scalemem_loom))]
 #[inline]
 fn may_map() -> bool {
-    let counted = testing::MAPS_LEFT.with(|left| {
-        let n = left.get();
-        if n == usize::MAX {
-            true
-        } else if n == 0 {
-            false
-        } else {
-            left.set(n - 1);
+    let counted = match testing::maps_left() {
+        usize::MAX => true,
+        0 => false,
+        n => {
+            testing::set_maps_left(n - 1);
             true
         }
-    });
+    };
     counted && testing::random_map_allowed()
 }
 
@@ -112,11 +109,27 @@ pub(crate) unsafe fn dontneed(ptr: NonNull<u8>, len: usize) -> bool {
 #[doc(hidden)]
 #[cfg(not(scalemem_loom))]
 pub mod testing {
-    use core::cell::Cell;
+    // Initial-exec words (read on every map, inside `malloc`): see `ie_thread_local!`.
+    crate::sync::ie_thread_local! {
+        /// Maps this thread may still make before they fail, plus one (wrapping); 0, the
+        /// initial value, is `usize::MAX`: no limit.
+        static MAPS_LEFT_PLUS_ONE: usize;
+        /// Random refusals: the xorshift state.
+        static RANDOM_STATE: u64;
+        /// Random refusals: one map in how many fails; 0: off.
+        static RANDOM_ONE_IN: u32;
+    }
 
-    crate::sync::thread_local! {
-        /// Maps this thread may still make before they fail; `usize::MAX`: no limit.
-        pub(super) static MAPS_LEFT: Cell<usize> = const { Cell::new(usize::MAX) };
+    /// Maps this thread may still make before they fail; `usize::MAX`: no limit.
+    #[inline]
+    pub(super) fn maps_left() -> usize {
+        MAPS_LEFT_PLUS_ONE.get().wrapping_sub(1)
+    }
+
+    /// Sets [`maps_left`].
+    #[inline]
+    pub(super) fn set_maps_left(n: usize) {
+        MAPS_LEFT_PLUS_ONE.set(n.wrapping_add(1));
     }
 
     /// From now on, this thread's next `n` maps through `umem::os` succeed (if the kernel
@@ -127,7 +140,7 @@ pub mod testing {
     /// scalemem::umem::os::testing::allow_maps();
     /// ```
     pub fn fail_maps_after(n: usize) {
-        MAPS_LEFT.with(|left| left.set(n.min(usize::MAX - 1)));
+        set_maps_left(n.min(usize::MAX - 1));
     }
 
     /// Lifts the limit set by [`fail_maps_after`].
@@ -136,13 +149,9 @@ pub mod testing {
     /// scalemem::umem::os::testing::allow_maps();
     /// ```
     pub fn allow_maps() {
-        MAPS_LEFT.with(|left| left.set(usize::MAX));
-        RANDOM.with(|r| r.set((0, 0)));
-    }
-
-    crate::sync::thread_local! {
-        /// Random refusals: (xorshift state, one map in how many fails); 0: off.
-        static RANDOM: Cell<(u64, u32)> = const { Cell::new((0, 0)) };
+        set_maps_left(usize::MAX);
+        RANDOM_STATE.set(0);
+        RANDOM_ONE_IN.set(0);
     }
 
     /// From now on, each of this thread's maps through `umem::os` fails with probability
@@ -165,22 +174,22 @@ pub mod testing {
     /// ```
     pub fn fail_maps_randomly(seed: u64, one_in: u32) {
         // A zero state would stay zero: the seed is mixed with a constant.
-        RANDOM.with(|r| r.set((seed ^ 0x9e37_79b9_7f4a_7c15 | 1, one_in)));
+        RANDOM_STATE.set(seed ^ 0x9e37_79b9_7f4a_7c15 | 1);
+        RANDOM_ONE_IN.set(one_in);
     }
 
     /// Draws for one map under [`fail_maps_randomly`]: `false` if it must fail.
     #[inline]
     pub(super) fn random_map_allowed() -> bool {
-        RANDOM.with(|r| {
-            let (mut x, one_in) = r.get();
-            if one_in == 0 {
-                return true;
-            }
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            r.set((x, one_in));
-            x % u64::from(one_in) != 0
-        })
+        let one_in = RANDOM_ONE_IN.get();
+        if one_in == 0 {
+            return true;
+        }
+        let mut x = RANDOM_STATE.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        RANDOM_STATE.set(x);
+        !x.is_multiple_of(u64::from(one_in))
     }
 }
