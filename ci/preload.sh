@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # libscalemem.so as the malloc of C programs (LD_PRELOAD): builds it, checks its exports,
-# runs preload/tests/mix.c with and without it, then runs real programs twice, without
+# runs preload/tests/mix.c with and without it, checks that its thread-local state never
+# goes through __tls_get_addr (preload/tests/dtv.c), then runs real programs twice, without
 # and with the preload, each checked by its own means, and requires the same output and
 # exit status both times: sqlite3 (joins, indexes, a sort on worker threads, VACUUM,
 # integrity check), python3 (every object through malloc, 8 threads; a few stdlib test
@@ -45,6 +46,38 @@ trap 'rm -rf "$work"' EXIT
 cc -O2 -g -Wall -Wextra -Werror -pthread -o "$work/mix" preload/tests/mix.c -ldl
 MIX_EXPECT=glibc "$work/mix"
 MIX_EXPECT=scalemem LD_PRELOAD=$so "$work/mix"
+
+# ---- thread-local state: initial-exec, never __tls_get_addr ------------------------------
+# The library's own TLS words are initial-exec (the loader sets STATIC_TLS), and no
+# scalemem function calls __tls_get_addr (std's own thread-locals, outside the malloc
+# paths, may). Then dtv.c: 64 dlopen'ed TLS plugins, each touched from a fresh thread,
+# while 4 threads allocate; the loader grows DTVs through our malloc from inside
+# __tls_get_addr. With general-dynamic TLS words the library deadlocked there in about
+# one run in six (2026-12-02); 60 runs, each under a timeout.
+readelf -d "$so" | grep -q 'FLAGS.*STATIC_TLS' || { echo "FAIL libscalemem.so has no STATIC_TLS flag"; exit 1; }
+tls_callers=$(objdump -d "$so" | awk '/^[0-9a-f]+ <.*>:$/ {fn = $2} /call.*<__tls_get_addr/ {print fn}' |
+    grep '_ZN8scalemem' || true)
+if [[ -n $tls_callers ]]; then
+    echo "FAIL scalemem functions call __tls_get_addr:"
+    echo "$tls_callers"
+    exit 1
+fi
+mkdir -p "$work/plugins"
+for i in $(seq 0 63); do
+    cc -O2 -shared -fPIC -DPLUGIN_ID="$i" -o "$work/plugins/libdtv$i.so" preload/tests/dtv_plugin.c
+done
+cc -O2 -g -Wall -Wextra -Werror -pthread -o "$work/dtv" preload/tests/dtv.c -ldl
+"$work/dtv" "$work/plugins" 64
+for run in $(seq 60); do
+    status=0
+    LD_PRELOAD=$so timeout 30 "$work/dtv" "$work/plugins" 64 >"$work/dtv.out" 2>&1 || status=$?
+    if ((status != 0)); then
+        echo "FAIL dtv run $run (status $status; 124 is a hang):"
+        cat "$work/dtv.out"
+        exit 1
+    fi
+done
+echo "dtv: 60 runs of 64 TLS plugins under the preload, no hang; $(cat "$work/dtv.out")"
 
 # ---- real programs -------------------------------------------------------------------------
 # bound_to_us NAME CMD...: CMD, run under the preload with LD_DEBUG=bindings, binds some
