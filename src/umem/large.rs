@@ -59,7 +59,8 @@
 //! next deadline has passed, so no background thread is needed): a block dirty for at
 //! least [`LargeConfig::decay`] (default 10 s, jemalloc's `dirty_decay_ms`) is madvised;
 //! a block cached for at least [`LargeConfig::release`] (default 30 s) is released. Both
-//! are counted from the free. A decay time of 0 madvises a block inside the free that
+//! are counted from the free, on the coarse monotonic clock ([`now_ns`]: to within a
+//! scheduler tick, a few milliseconds). A decay time of 0 madvises a block inside the free that
 //! caches it; a release time of 0 releases it there. When the cache is full, a free releases the
 //! oldest cached block at once; when the arena cannot serve an allocation (the kernel
 //! refused a map), the whole cache is released and the allocation retried once.
@@ -223,14 +224,19 @@ pub struct LargeStats {
     pub released: usize,
 }
 
-/// Now, in nanoseconds of the monotonic clock: the time base of [`LargeHeap::decay_at`].
+/// Now, in nanoseconds of the coarse monotonic clock (`CLOCK_MONOTONIC_COARSE`, which
+/// moves in steps of a scheduler tick, 1-4 ms): the time base of
+/// [`LargeHeap::decay_at`]. Every `alloc` and `free` reads it (the free to stamp the
+/// cached block, both to see whether decay is due), and decay times are seconds, so the
+/// step costs nothing while the fine clock's read would: about 35 ns here under a
+/// hypervisor, against 12 ns for the coarse one, a third of a large request's time.
 ///
 /// ```
 /// let a = scalemem::umem::large::now_ns();
 /// assert!(scalemem::umem::large::now_ns() >= a);
 /// ```
 pub fn now_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
     (t.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(t.tv_nsec as u64)
 }
 
@@ -310,8 +316,11 @@ struct Cached {
     base: usize,
     reserved: usize,
     head: usize,
-    /// When it was freed ([`now_ns`]).
+    /// When it was freed ([`now_ns`]: the coarse clock, so blocks freed within one
+    /// tick share a stamp).
     since: u64,
+    /// The order of the frees that cached it: a full cache evicts the smallest.
+    seq: u64,
     madvised: bool,
 }
 
@@ -323,6 +332,8 @@ struct Inner {
     /// `CACHE_SLOTS` entries in mapped memory, the first `ncached` in use.
     cache: NonNull<Cached>,
     ncached: usize,
+    /// The `seq` of the next cached block.
+    next_seq: u64,
     /// The earliest time decay has work to do (`u64::MAX`: none).
     deadline: u64,
     in_use: usize,
@@ -383,7 +394,8 @@ impl Inner {
     fn best_cached(&self, n: usize, align: usize) -> Option<usize> {
         let mut best: Option<(usize, bool, usize)> = None; // (index, madvised, reserved)
         for (i, c) in self.cache().iter().enumerate() {
-            if c.base % align != 0 || c.reserved < n || c.reserved - n > n / 4 {
+            // `align` is a power of two (checked): a mask, not a division.
+            if c.base & (align - 1) != 0 || c.reserved < n || c.reserved - n > n / 4 {
                 continue;
             }
             let better = match best {
@@ -548,6 +560,7 @@ impl LargeHeap {
                 pieces: Table::new(),
                 cache,
                 ncached: 0,
+                next_seq: 0,
                 deadline: u64::MAX,
                 in_use: 0,
                 dirty: 0,
@@ -575,7 +588,9 @@ impl LargeHeap {
         if !align.is_power_of_two() || align > MAX_ALIGN {
             return Err(LargeError::BadAlign);
         }
-        let n = size.checked_next_multiple_of(self.page).ok_or(LargeError::Overflow)?;
+        // The page is a power of two: round with a mask (a division costs ~8% of a
+        // request).
+        let n = size.checked_add(self.page - 1).ok_or(LargeError::Overflow)? & !(self.page - 1);
         let align = align.max(self.page);
         if n.checked_add(align).is_none_or(|end| end > isize::MAX as usize) {
             return Err(LargeError::Overflow);
@@ -712,11 +727,21 @@ impl LargeHeap {
             let live = inner.live.remove(base).ok_or(LargeError::NotAllocated)?;
             inner.in_use -= live.reserved;
             if inner.ncached == CACHE_SLOTS {
-                let oldest = (0..inner.ncached).min_by_key(|&i| inner.cache()[i].since).unwrap_or(0);
+                // The oldest free (by order: the coarse clock's stamps can tie).
+                let oldest = (0..inner.ncached).min_by_key(|&i| inner.cache()[i].seq).unwrap_or(0);
                 let c = inner.take_cached(oldest);
                 inner.release_block(vmem, c.base, c.reserved, c.head, c.madvised);
             }
-            inner.push_cached(Cached { base, reserved: live.reserved, head: live.head, since: now, madvised: false });
+            let seq = inner.next_seq;
+            inner.next_seq += 1;
+            inner.push_cached(Cached {
+                base,
+                reserved: live.reserved,
+                head: live.head,
+                since: now,
+                seq,
+                madvised: false,
+            });
             inner.deadline = inner.deadline.min(now.saturating_add(self.decay.min(self.release)));
             if now >= inner.deadline {
                 inner.decay(vmem, now, self.decay, self.release);
