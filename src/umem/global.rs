@@ -598,7 +598,9 @@ impl Heap {
     /// guard (one rseq section calls nothing, so it is safe even re-entrantly).
     ///
     /// # Safety
-    /// `ptr` is a live block of that path, freed once.
+    /// `ptr` is a live block of that path, freed once; with `None` it may also be a
+    /// pointer that is not a live block of ours (the large heap refuses it with
+    /// `NotAllocated`, changing nothing).
     #[inline]
     unsafe fn free_block(&'static self, ptr: NonNull<u8>, class: Option<ClassIndex>) {
         if let Some(class) = class
@@ -892,10 +894,19 @@ unsafe fn free_rest(nn: NonNull<u8>) {
     }
     let Some(heap) = heap_if_made() else { return };
     // SAFETY: a live block of ours or a foreign pointer (the caller's contract).
-    if let Some((class, _)) = unsafe { heap.find(ptr) } {
-        // SAFETY: found live on that path; freed once (the caller's).
-        unsafe { heap.free_block(nn, class) };
+    if let Some(size) = unsafe { heap.regions.object_size(ptr) } {
+        // A region object whose page carries no tag (none does; kept for safety).
+        if let Some(class) = class_of(size, 1) {
+            // SAFETY: found live in its slab; freed once (the caller's).
+            unsafe { heap.free_block(nn, Some(class)) };
+        }
+        return;
     }
+    // A large block or a foreign pointer: the large heap's free tells them apart itself
+    // (`NotAllocated`, ignored), with one lookup under its lock rather than a lookup to
+    // find the block and a second to free it.
+    // SAFETY: not a size-class object; a live large block or not ours (the caller's).
+    unsafe { heap.free_slow(nn, None) };
 }
 
 // Every class index + 1 fits a page tag (0 means "no tag").
