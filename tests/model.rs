@@ -509,7 +509,9 @@ proptest! {
                             let zeroed = unsafe { std::slice::from_raw_parts(ptr, size) }.iter().all(|&x| x == 0);
                             prop_assert!(zeroed);
                         }
-                        let b = Block { ptr, size, align, fill: next_fill() };
+                        // The pattern covers every usable byte: `malloc_usable_size` promises
+                        // them, so an overstated one overlaps a neighbour and shows.
+                        let b = Block { ptr, size: usable, align, fill: next_fill() };
                         b.fill();
                         c.push(b);
                     } else {
@@ -532,7 +534,7 @@ proptest! {
                     let usable = unsafe { global::usable_size(ptr) };
                     prop_assert!(usable >= new);
                     Block { ptr, ..b }.check(b.size.min(new));
-                    let nb = Block { ptr, size: new, align: b.align, fill: next_fill() };
+                    let nb = Block { ptr, size: usable, align: b.align, fill: next_fill() };
                     nb.fill();
                     c.push(nb);
                 }

@@ -38,8 +38,8 @@
 //! region, read without a lock; `free` keeps its address in a static) says whether a
 //! pointer is a slab object, and its page's tag in the region header (each class's slab
 //! pages are tagged class + 1 when their run is taken) names its class, so `free` finds
-//! the class in two loads and pushes onto the magazine. (`malloc_usable_size` and
-//! `realloc` read the size from the slab header.) Anything else is asked of the large
+//! the class in two loads and pushes onto the magazine (`malloc_usable_size` and
+//! `realloc` take the size from the same tag). Anything else is asked of the large
 //! heap.
 //!
 //! # No allocation through itself
@@ -650,6 +650,11 @@ impl Heap {
     /// If `ptr` is in one of our regions, it is a live object there.
     #[inline]
     unsafe fn find(&'static self, ptr: *const u8) -> Option<(Option<ClassIndex>, usize)> {
+        // A size-class object's page names its class (the registry bit and one load),
+        // whose size is the object's: no page-map walk to the slab header.
+        if let Some(class) = tagged_class(ptr) {
+            return Some((Some(class), class_size(class)));
+        }
         // SAFETY: the caller's contract.
         if let Some(size) = unsafe { self.regions.object_size(ptr) } {
             return class_of(size, 1).map(|class| (Some(class), size));
