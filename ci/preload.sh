@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # libscalemem.so as the malloc of C programs (LD_PRELOAD): builds it, checks its exports,
-# runs preload/tests/mix.c with and without it, checks that its thread-local state never
+# runs preload/tests/mix.c with and without it (and under a seccomp filter that refuses
+# membarrier and rseq), checks that its thread-local state never
 # goes through __tls_get_addr (preload/tests/dtv.c), then runs real programs twice, without
 # and with the preload, each checked by its own means, and requires the same output and
 # exit status both times: sqlite3 (joins, indexes, a sort on worker threads, VACUUM,
@@ -46,6 +47,10 @@ trap 'rm -rf "$work"' EXIT
 cc -O2 -g -Wall -Wextra -Werror -pthread -o "$work/mix" preload/tests/mix.c -ldl
 MIX_EXPECT=glibc "$work/mix"
 MIX_EXPECT=scalemem LD_PRELOAD=$so "$work/mix"
+# ... and in a sandbox that refuses membarrier and rseq (seccomp), where the library must
+# notice the refusal itself and run on SeqCst fences and per-CPU try-locks.
+cc -O2 -Wall -Wextra -Werror -o "$work/seccomp_deny" ci/seccomp_deny.c
+MIX_EXPECT=scalemem "$work/seccomp_deny" membarrier rseq -- env LD_PRELOAD="$so" "$work/mix"
 
 # ---- thread-local state: initial-exec, never __tls_get_addr ------------------------------
 # The library's own TLS words are initial-exec (the loader sets STATIC_TLS), and no
