@@ -378,21 +378,11 @@ macro_rules! ie_thread_local {
 }
 pub(crate) use ie_thread_local;
 
-#[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom)))]
+/// One word of [`ie_thread_local!`]: its storage ([`ie_word!`]) and its accessors, which
+/// move the value through [`TlsWord`] and [`ie_load!`]/[`ie_store!`].
 macro_rules! ie_thread_local_one {
     ($(#[$attr:meta])* $vis:vis static $name:ident: $ty:ty) => {
-        // A zero-filled word in .tbss: every thread's copy starts at 0.
-        core::arch::global_asm!(
-            concat!(".pushsection .tbss.__scalemem_tls_", stringify!($name), ",\"awT\",@nobits"),
-            ".p2align 3",
-            concat!(".globl ", $crate::sync::ie_symbol!($name)),
-            concat!(".hidden ", $crate::sync::ie_symbol!($name)),
-            concat!(".type ", $crate::sync::ie_symbol!($name), ",@object"),
-            concat!(".size ", $crate::sync::ie_symbol!($name), ",8"),
-            concat!($crate::sync::ie_symbol!($name), ":"),
-            ".zero 8",
-            ".popsection",
-        );
+        $crate::sync::ie_word!($name);
 
         $(#[$attr])*
         #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
@@ -400,58 +390,10 @@ macro_rules! ie_thread_local_one {
         $vis struct $name;
 
         impl $name {
-            /// The calling thread's value.
+            /// The fallback's storage: a `thread_local!` cell (loom's under loom).
+            #[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom))))]
             #[inline(always)]
-            #[allow(dead_code)]
-            $vis fn get(self) -> $ty {
-                let word: u64;
-                // SAFETY: the GOT entry holds the word's offset from the thread pointer
-                // (initial-exec model; the loader fills it when it places the library's
-                // static TLS), so `fs:[offset]` is this thread's 8-byte word, which only
-                // this thread reads and writes. Reads memory only; no stack.
-                unsafe {
-                    core::arch::asm!(
-                        concat!("mov {off}, qword ptr [rip + ", $crate::sync::ie_symbol!($name), "@GOTTPOFF]"),
-                        "mov {word}, qword ptr fs:[{off}]",
-                        off = out(reg) _,
-                        word = out(reg) word,
-                        options(nostack, readonly, preserves_flags),
-                    );
-                }
-                <$ty as $crate::sync::TlsWord>::from_word(word)
-            }
-
-            /// Sets the calling thread's value.
-            #[inline(always)]
-            #[allow(dead_code)]
-            $vis fn set(self, value: $ty) {
-                let word = <$ty as $crate::sync::TlsWord>::to_word(value);
-                // SAFETY: as in `get`; the store is to this thread's own word.
-                unsafe {
-                    core::arch::asm!(
-                        concat!("mov {off}, qword ptr [rip + ", $crate::sync::ie_symbol!($name), "@GOTTPOFF]"),
-                        "mov qword ptr fs:[{off}], {word}",
-                        off = out(reg) _,
-                        word = in(reg) word,
-                        options(nostack, preserves_flags),
-                    );
-                }
-            }
-        }
-    };
-}
-
-#[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom))))]
-macro_rules! ie_thread_local_one {
-    ($(#[$attr:meta])* $vis:vis static $name:ident: $ty:ty) => {
-        $(#[$attr])*
-        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
-        #[derive(Clone, Copy)]
-        $vis struct $name;
-
-        impl $name {
-            #[inline(always)]
-            fn word<R>(f: impl FnOnce(&core::cell::Cell<u64>) -> R) -> R {
+            fn cell<R>(f: impl FnOnce(&core::cell::Cell<u64>) -> R) -> R {
                 $crate::sync::thread_local! {
                     static WORD: core::cell::Cell<u64> = core::cell::Cell::new(0);
                 }
@@ -462,20 +404,110 @@ macro_rules! ie_thread_local_one {
             #[inline(always)]
             #[allow(dead_code)]
             $vis fn get(self) -> $ty {
-                <$ty as $crate::sync::TlsWord>::from_word(Self::word(|w| w.get()))
+                <$ty as $crate::sync::TlsWord>::from_word($crate::sync::ie_load!($name))
             }
 
             /// Sets the calling thread's value.
             #[inline(always)]
             #[allow(dead_code)]
             $vis fn set(self, value: $ty) {
-                let word = <$ty as $crate::sync::TlsWord>::to_word(value);
-                Self::word(|w| w.set(word));
+                $crate::sync::ie_store!($name, <$ty as $crate::sync::TlsWord>::to_word(value));
             }
         }
     };
 }
 pub(crate) use ie_thread_local_one;
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom)))]
+mod ie_imp {
+    /// The storage of word `NAME`: a zero-filled `.tbss` symbol, so every thread's copy
+    /// starts at 0.
+    macro_rules! ie_word {
+        ($name:ident) => {
+            core::arch::global_asm!(
+                concat!(".pushsection .tbss.__scalemem_tls_", stringify!($name), ",\"awT\",@nobits"),
+                ".p2align 3",
+                concat!(".globl ", $crate::sync::ie_symbol!($name)),
+                concat!(".hidden ", $crate::sync::ie_symbol!($name)),
+                concat!(".type ", $crate::sync::ie_symbol!($name), ",@object"),
+                concat!(".size ", $crate::sync::ie_symbol!($name), ",8"),
+                concat!($crate::sync::ie_symbol!($name), ":"),
+                ".zero 8",
+                ".popsection",
+            );
+        };
+    }
+    pub(crate) use ie_word;
+
+    /// The calling thread's word `NAME` (a `u64`).
+    macro_rules! ie_load {
+        ($name:ident) => {{
+            let word: u64;
+            // SAFETY: the GOT entry holds the word's offset from the thread pointer
+            // (initial-exec model; the loader fills it when it places the library's
+            // static TLS), so `fs:[offset]` is this thread's 8-byte word, which only this
+            // thread reads and writes. Reads memory only; no stack.
+            unsafe {
+                core::arch::asm!(
+                    concat!("mov {off}, qword ptr [rip + ", $crate::sync::ie_symbol!($name), "@GOTTPOFF]"),
+                    "mov {word}, qword ptr fs:[{off}]",
+                    off = out(reg) _,
+                    word = out(reg) word,
+                    options(nostack, readonly, preserves_flags),
+                );
+            }
+            word
+        }};
+    }
+    pub(crate) use ie_load;
+
+    /// Stores `WORD` (a `u64`) into the calling thread's word `NAME`.
+    macro_rules! ie_store {
+        ($name:ident, $word:expr) => {{
+            let word: u64 = $word;
+            // SAFETY: as in `ie_load!`; the store is to this thread's own word.
+            unsafe {
+                core::arch::asm!(
+                    concat!("mov {off}, qword ptr [rip + ", $crate::sync::ie_symbol!($name), "@GOTTPOFF]"),
+                    "mov qword ptr fs:[{off}], {word}",
+                    off = out(reg) _,
+                    word = in(reg) word,
+                    options(nostack, preserves_flags),
+                );
+            }
+        }};
+    }
+    pub(crate) use ie_store;
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom))))]
+mod ie_imp {
+    /// No storage of its own: the word is `NAME::cell`'s `thread_local!`.
+    macro_rules! ie_word {
+        ($name:ident) => {};
+    }
+    pub(crate) use ie_word;
+
+    /// The calling thread's word `NAME` (a `u64`).
+    macro_rules! ie_load {
+        ($name:ident) => {
+            $name::cell(core::cell::Cell::get)
+        };
+    }
+    pub(crate) use ie_load;
+
+    /// Stores `WORD` (a `u64`) into the calling thread's word `NAME`.
+    macro_rules! ie_store {
+        ($name:ident, $word:expr) => {{
+            let word: u64 = $word;
+            $name::cell(|cell| cell.set(word));
+        }};
+    }
+    pub(crate) use ie_store;
+}
+
+#[allow(unused_imports)]
+pub(crate) use ie_imp::{ie_load, ie_store, ie_word};
 
 /// The assembler symbol of the initial-exec word `NAME`.
 #[allow(unused_macros)]
