@@ -150,3 +150,32 @@ fn resize_against_the_fast_path() {
         assert_each_once(seen, 5);
     });
 }
+
+#[test]
+fn trim_against_the_free_path() {
+    run_model(
+        "magazine: a free-time trim empties the depot's full magazines while both CPUs free and allocate",
+        || {
+            let caches = Arc::new(CpuCaches::new(TINY).unwrap());
+            // Main thread (CPU 0): 5 frees leave one full magazine (rounds 1, 2) in the depot.
+            let mut seen = free_then_alloc(&caches, &[1, 2, 3, 4, 5], 0);
+            assert!(seen.is_empty());
+            assert_eq!(caches.depot_full(), 1);
+            // Thread 1 (CPU 1) frees 3 (filling a magazine, then a free-side exchange that may
+            // pop the trimmed, recycled magazine from the empty list) and allocates 1, which
+            // may take the depot's full magazine before the trim does.
+            let other = {
+                let caches = caches.clone();
+                thread::spawn(move || free_then_alloc(&caches, &[6, 7, 8], 1))
+            };
+            // The trim keeps no full magazine: its rounds leave the layer here.
+            let mut trimmed = Vec::new();
+            let rounds = caches.trim_depot(0, |round| trimmed.push(addr(round)));
+            assert_eq!(rounds, trimmed.len());
+            seen.extend(trimmed);
+            seen.extend(other.join().unwrap());
+            drain_all(caches, &mut seen);
+            assert_each_once(seen, 8);
+        },
+    );
+}

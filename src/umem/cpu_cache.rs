@@ -876,6 +876,42 @@ impl CpuCaches {
         self.depot.reap(&mut sink)
     }
 
+    /// Full magazines in the depot now: a relaxed load, a hint under concurrency (never
+    /// below the true number).
+    ///
+    /// ```
+    /// let caches = scalemem::umem::cpu_cache::CpuCaches::new(Default::default()).unwrap();
+    /// assert_eq!(caches.depot_full(), 0);
+    /// ```
+    #[inline]
+    pub fn depot_full(&self) -> usize {
+        self.depot.lens().0
+    }
+
+    /// Empties the depot's full magazines beyond `keep` at once: their rounds go to
+    /// `sink`, the magazines stay in the depot, empty. Unlike [`reap`](Self::reap) it
+    /// does not wait for a working-set interval, and unlike [`drain`](Self::drain) it
+    /// stops no CPU and issues no fence: the fast paths run on. Returns the rounds given
+    /// to `sink`. (The object cache's free-time trim.)
+    ///
+    /// ```
+    /// use std::ptr::NonNull;
+    /// use scalemem::umem::cpu_cache::{Config, CpuCaches};
+    /// let caches = CpuCaches::new(Config { initial_rounds: 1, ..Default::default() }).unwrap();
+    /// let mut objects = [0u64; 8];
+    /// for object in &mut objects {
+    ///     let _ = caches.free(NonNull::from(object).cast());
+    /// }
+    /// let full = caches.depot_full();
+    /// let mut trimmed = 0;
+    /// assert_eq!(caches.trim_depot(0, |_| trimmed += 1), trimmed);
+    /// assert_eq!((caches.depot_full(), trimmed), (0, full));
+    /// caches.drain(|_| {});
+    /// ```
+    pub fn trim_depot(&self, keep: usize, mut sink: impl FnMut(NonNull<u8>)) -> usize {
+        self.depot.trim_full(keep, &mut sink)
+    }
+
     /// Ends a working-set interval (call it periodically, libumem: every 10 s) and
     /// resizes the magazines if the interval's depot contention or idleness calls for it
     /// (module documentation). A resize drains everything into `sink`. Returns the

@@ -35,6 +35,9 @@
 //! and restarts it at the current count. [`reap`](Depot::reap) frees up to
 //! `min(reap_limit, min)` magazines per list: the ones no CPU needed for a whole interval.
 //!
+//! [`trim_full`](Depot::trim_full) (the object cache's free-time trim) empties full
+//! magazines beyond a count right away and recycles them onto the empty list.
+//!
 //! Every failed CAS (push or pop) adds one to `contention`, and so does every *retried*
 //! pop (a magazine popped for a CPU exchange that then failed and was pushed back); the
 //! cache turns a rising count into larger magazines (`cpu_cache.rs`).
@@ -320,6 +323,26 @@ impl Depot {
             list.reap_limit.store(0, Ordering::Relaxed);
         }
         freed
+    }
+
+    /// Empties full magazines until at most `keep` are left (counted at the start:
+    /// magazines pushed meanwhile stay): their rounds go to `sink`, and each emptied
+    /// magazine goes onto the empty list (recycled, not retired: no grace period and no
+    /// fence is needed, and the working-set reap frees it later if nobody uses it).
+    /// Returns the rounds given to `sink`.
+    pub(crate) fn trim_full(&self, keep: usize, sink: &mut dyn FnMut(NonNull<u8>)) -> usize {
+        let excess = self.full.len().saturating_sub(keep);
+        let mut rounds = 0;
+        for _ in 0..excess {
+            let Some(mag) = self.pop_full() else { break };
+            // SAFETY: popped, so ours alone; a full magazine holds `cap` rounds.
+            let cap = unsafe { Magazine::cap(mag) };
+            // SAFETY: as above.
+            unsafe { Magazine::empty_into(mag, cap, sink) };
+            rounds += cap;
+            self.push_empty(mag);
+        }
+        rounds
     }
 
     /// Frees every magazine in the depot (rounds to `sink`, magazines retired).

@@ -71,6 +71,12 @@
 //! The two-epoch delay is the hysteresis: a slab that comes and goes on a region costs no
 //! `mmap`/`munmap` pair, only a region whose count has stayed zero for a while goes.
 //!
+//! - **Purge** ([`Regions::purge`]): the free pages of active regions go back with
+//!   `madvise(MADV_DONTNEED)` at once, region by region under the lock, without waiting
+//!   for the release; each region counts the pages freed since its last purge (`dirty`)
+//!   so that a purge skips regions with nothing new to give. Object caches call it when
+//!   a free finds their depot over its trim threshold (`cache.rs`, "Free-time trim").
+//!
 //! # Lookup
 //!
 //! [`Regions::lookup`] (defined in the slab module) finds a pointer's slab
@@ -112,7 +118,9 @@
 //! 2. In an active region, a page past the header is marked used iff its page-map entry
 //!    is non-zero; the header pages are marked used; `free_pages` counts the unmarked
 //!    pages; the runs (maximal stretches of equal non-zero entries) number `slabs`.
-//! 3. A retained region has no runs, a zero page map and no dying mark.
+//! 3. A retained region has no runs, a zero page map, no dying mark, no dirty pages and
+//!    its touched mark at the header's end; in every region the dirty count is at most
+//!    `USABLE_PAGES` and no used page lies at or past the touched mark.
 //! 4. The sum of `slabs` is the manager's run count; the list lengths match their counts;
 //!    `mapped_bytes` is `REGION_SIZE` times the regions on both lists.
 //! 5. When nothing runs ([`Regions::assert_counts_settled`]): every active region's
@@ -179,6 +187,14 @@ struct Locked {
     slabs: usize,
     /// Pages not in a run and not in the header.
     free_pages: usize,
+    /// Pages freed (by `free_run`) since the region's free pages last went back to the
+    /// kernel ([`Regions::purge`] or the release): how much a purge may gain. A hint (a
+    /// page freed and taken again still counts), at most `USABLE_PAGES`.
+    dirty: usize,
+    /// Pages from here to the end were in no run since the region was mapped or its
+    /// free pages last went back (runs are taken first fit, low pages first): a purge
+    /// need not give them back. Every used page lies below it.
+    touched: usize,
     /// Bit `i` set: page `i` is in the header or in a run.
     used: [u64; USED_WORDS],
 }
@@ -659,11 +675,113 @@ impl Regions {
                 }
             }
             locked.free_pages += pages;
+            locked.dirty = (locked.dirty + pages).min(USABLE_PAGES);
             locked.slabs -= 1;
             s.runs -= 1;
             // SAFETY: (1) we drop the reference the run held; the region is registered.
             unsafe { inner.refcache.dec(NonNull::from(&(*r).rc)) };
         });
+    }
+
+    /// Gives the kernel the free pages of every active region that has had at least
+    /// `min_dirty` pages (at least one) freed since its free pages last went back:
+    /// `madvise(MADV_DONTNEED)` on each stretch of free pages below the region's touched
+    /// mark (pages past every run taken since the region's pages last went back were
+    /// never written, and are left alone), under the manager's lock,
+    /// so that no run can be taken from a stretch while it is given back. The lock is
+    /// taken once per region, not across the pass. A page given back reads as zero and
+    /// costs a fault when a later run touches it: this is the free-time trim of the
+    /// object caches ([`Config::trim_threshold`](crate::umem::cache::Config)), not
+    /// something to call per free. Regions about to be released are skipped (their
+    /// release gives their pages back). Returns the bytes given back (also counted in
+    /// [`RegionStats::returned_bytes`]).
+    ///
+    /// ```
+    /// use scalemem::refcount::Config;
+    /// use scalemem::umem::region::Regions;
+    /// use scalemem::umem::slab::SlabCache;
+    ///
+    /// let regions = Regions::builder().refcache(Config::manual()).build()?;
+    /// let cache = SlabCache::builder(&regions, "pages", 4096, 4096).max_empty(0).build()?;
+    /// let (a, b) = (cache.alloc()?, cache.alloc()?);
+    /// // SAFETY: from this cache, freed once.
+    /// unsafe { cache.free(a) }.unwrap(); // its slab (one page) goes back to the region
+    /// assert_eq!(regions.purge(1), 4096); // and its page to the kernel
+    /// assert_eq!(regions.purge(1), 0); // nothing freed since
+    /// # unsafe { cache.free(b) }.unwrap();
+    /// # Ok::<(), scalemem::util::AllocError>(())
+    /// ```
+    pub fn purge(&self, min_dirty: usize) -> usize {
+        let inner = self.inner();
+        let min_dirty = min_dirty.max(1);
+        let mut given = 0;
+        // The region purged last: the walk resumes after it (or from the head if it has
+        // left the active list while the lock was free).
+        let mut last: *mut RegionHeader = ptr::null_mut();
+        // At most twice the regions active at the start are purged (pages freed into a
+        // region already purged make it dirty again: the pass must end anyway).
+        let mut budget = None;
+        loop {
+            let step = inner.shared.with(|s| {
+                let left = budget.get_or_insert(2 * s.active.len + 1);
+                if *left == 0 {
+                    return None;
+                }
+                *left -= 1;
+                // SAFETY: a region our registry holds is mapped by us (the release
+                // unregisters before unmapping, under this lock), so its header can be read.
+                let resume = !last.is_null()
+                    && unsafe { registry_contains(s.registry, last as usize) }
+                    // SAFETY: as above; under the lock.
+                    && unsafe { (*last).locked.state } == State::Active;
+                // SAFETY: `last` is an active region (just checked): its links are valid.
+                let mut cursor = if resume { unsafe { (*last).locked.next } } else { s.active.head };
+                while !cursor.is_null() {
+                    let r = cursor;
+                    // SAFETY: listed headers are mapped; `locked` is ours under the lock.
+                    let locked = unsafe { &mut (*r).locked };
+                    cursor = locked.next;
+                    if locked.dying || locked.dirty < min_dirty {
+                        continue;
+                    }
+                    locked.dirty = 0;
+                    let mut bytes = 0;
+                    let mut page = HEADER_PAGES;
+                    // The first page past the last used one: what `touched` becomes.
+                    let mut end = HEADER_PAGES;
+                    while page < locked.touched {
+                        if locked.used[page / 64] & (1 << (page % 64)) != 0 {
+                            page += 1;
+                            end = page;
+                            continue;
+                        }
+                        let first = page;
+                        while page < locked.touched && locked.used[page / 64] & (1 << (page % 64)) == 0 {
+                            page += 1;
+                        }
+                        let len = (page - first) * PAGE;
+                        // SAFETY: pages `first..page` of a mapped region are in no run (their
+                        // bits are clear) and nobody can take them while we hold the lock;
+                        // page-aligned (PAGE is a multiple of the kernel's page on x86_64).
+                        if unsafe { os::dontneed(NonNull::new_unchecked((r as *mut u8).add(first * PAGE)), len) } {
+                            bytes += len;
+                        }
+                    }
+                    locked.touched = end;
+                    // Relaxed: a statistic.
+                    inner.returned.fetch_add(bytes, Ordering::Relaxed);
+                    return Some((r, bytes));
+                }
+                None
+            });
+            match step {
+                Some((r, bytes)) => {
+                    given += bytes;
+                    last = r;
+                }
+                None => return given,
+            }
+        }
     }
 
     /// The owner word of the page holding `ptr`, read without the lock (the free path).
@@ -764,6 +882,16 @@ impl Regions {
                     assert_eq!(region_runs, locked.slabs, "region: run count");
                     if state == State::Retained {
                         assert!(region_runs == 0 && !locked.dying, "region: a retained region in use");
+                        assert_eq!(locked.dirty, 0, "region: a retained region with dirty pages");
+                    }
+                    assert!(locked.dirty <= USABLE_PAGES, "region: dirty count out of range");
+                    assert!(
+                        (HEADER_PAGES..=PAGES).contains(&locked.touched)
+                            && (locked.touched..PAGES).all(|p| locked.used[p / 64] & (1 << (p % 64)) == 0),
+                        "region: a used page past the touched mark"
+                    );
+                    if state == State::Retained {
+                        assert_eq!(locked.touched, HEADER_PAGES, "region: a retained region marked touched");
                     }
                     runs += region_runs;
                     cursor = locked.next;
@@ -840,6 +968,8 @@ impl Inner {
                     stats.returned.fetch_add(REGION_SIZE - body, Ordering::Relaxed);
                 }
                 locked.dying = false;
+                locked.dirty = 0;
+                locked.touched = HEADER_PAGES;
                 locked.state = State::Retained;
                 // SAFETY: `r` is on no list now.
                 unsafe { s.retained.push(r) };
@@ -964,6 +1094,7 @@ unsafe fn take_run(
         }
     }
     locked.free_pages -= pages;
+    locked.touched = locked.touched.max(first + pages);
     locked.slabs += 1;
     s.runs += 1;
     base
@@ -1001,6 +1132,8 @@ fn map_region(s: &mut Shared, inner: &Inner) -> Result<*mut RegionHeader, AllocE
             dying: false,
             slabs: 0,
             free_pages: USABLE_PAGES,
+            dirty: 0,
+            touched: HEADER_PAGES,
             used,
         },
         map: core::array::from_fn(|_| AtomicUsize::new(0)),
