@@ -83,6 +83,24 @@
 //! - Slabs go back to their [`Regions`], whose Refcache releases a region after its count
 //!   of slabs has stayed zero for two epochs (the default regions tick in the background
 //!   every 10 ms) and gives its pages back to the kernel.
+//! - **Free-time trim** (opt-in, [`Config::trim_threshold`]; on in umem's global heap):
+//!   a free that went past the loaded magazine (so it may have pushed a full magazine
+//!   into the depot) compares the depot's full magazines, in bytes of objects, with the
+//!   threshold. Past it, that thread (one at a time: a try-lock; the others go on)
+//!   empties full magazines into the slab layer at once until half the threshold is
+//!   left (a batch per trim, not a magazine per push; destructors run;
+//!   the magazines stay in the depot, empty: [`CpuCaches::trim_depot`]), and then
+//!   [`Regions::purge`] gives the pages of the slabs that went back to the kernel. The
+//!   fast paths are not stopped and no fence is issued. This is glibc's trim at free
+//!   time (`M_TRIM_THRESHOLD`) for a heap that has just freed much more than it keeps
+//!   using: its resident set drops when the frees happen, not a working-set interval
+//!   later. **Adaptive**: if a trim finds that since the previous one (in the same or
+//!   the previous interval) the slab layer had to make slabs again, the previous trim
+//!   was premature: the threshold becomes twice the old threshold plus what that trim
+//!   gave back, so a program that frees and re-allocates a large working set pays the
+//!   page faults for a few cycles, not for ever. For every interval past
+//!   `decay_intervals` without a trim the threshold halves back towards the configured
+//!   one.
 //! - **The background reaper**: a thread, started lazily by the first cache made with
 //!   [`Config::reaper`] on (the default), calls `update` on every such cache every
 //!   [`REAP_INTERVAL`] (1 s). Memory freed by the program therefore goes back to the OS
@@ -213,6 +231,15 @@ pub struct Config {
     pub decay_intervals: usize,
     /// Whether the background reaper maintains this cache (default: on).
     pub reaper: bool,
+    /// The free-time trim (module documentation, "Free-time trim"): when a free finds
+    /// more than this many bytes of objects in the depot's full magazines, the excess
+    /// leaves the cache at once (destructors, slabs) and the regions give the freed
+    /// pages to the kernel, as glibc's `M_TRIM_THRESHOLD` does for its heap top. The
+    /// threshold adapts upwards when a trim turns out premature. `None` (the default
+    /// for object caches, whose point is to keep constructed objects): only the
+    /// working-set reaper and the decay give memory back. umem's global heap uses
+    /// [`global::TRIM_THRESHOLD`](crate::umem::global::TRIM_THRESHOLD).
+    pub trim_threshold: Option<usize>,
 }
 
 impl Default for Config {
@@ -224,6 +251,7 @@ impl Default for Config {
             max_empty_slabs: 2,
             decay_intervals: 10,
             reaper: true,
+            trim_threshold: None,
         }
     }
 }
@@ -261,6 +289,10 @@ pub struct CacheStats {
     pub slabs: usize,
     /// Bytes of those slabs.
     pub slab_bytes: usize,
+    /// Free-time trims so far (each gave something back).
+    pub trims: usize,
+    /// The free-time trim threshold now in force, in bytes (0: no free-time trim).
+    pub trim_threshold: usize,
     /// Whether [`ObjectCache::destroy`] ran.
     pub destroyed: bool,
     /// Whether the teardown ran (destroyed and every object back).
@@ -319,6 +351,52 @@ struct Inner {
     misses: AtomicUsize,
     /// Misses seen by the last `update`, and intervals since they last changed.
     decay: AtomicUsize,
+    /// `update` calls so far: the working-set intervals (the free-time trim's clock).
+    updates: AtomicUsize,
+    /// The free-time trim, if configured.
+    trim: Option<Trim>,
+}
+
+/// `Trim::at` before the first trim.
+const NEVER: usize = usize::MAX;
+/// A region is purged after a trim only if at least this many of its pages (256 KiB)
+/// were freed since its last purge: fewer are not worth a `madvise`.
+const PURGE_DIRTY_PAGES: usize = 64;
+/// The adaptive threshold's ceiling (1 TiB: in effect, no trim).
+const TRIM_MAX: usize = 1 << 40;
+
+/// The free-time trim's state (module documentation, "Free-time trim"). Every field is a
+/// hint read and written with Relaxed atomics; `busy` serialises the trimmers.
+struct Trim {
+    /// The configured threshold: where the adaptive one starts and decays back to.
+    floor: usize,
+    /// Bytes of full depot magazines past which a free trims.
+    threshold: AtomicUsize,
+    /// One trimmer at a time (a try-lock: a free that finds it taken goes on).
+    busy: AtomicBool,
+    /// `Inner::updates` at the last trim (`NEVER`: none yet).
+    at: AtomicUsize,
+    /// The slab layer's `slabs_created` right after the last trim.
+    created: AtomicUsize,
+    /// Bytes of objects the last trim gave back.
+    bytes: AtomicUsize,
+    /// Trims so far.
+    trims: AtomicUsize,
+}
+
+impl Trim {
+    fn new(floor: usize) -> Self {
+        let floor = floor.min(TRIM_MAX);
+        Self {
+            floor,
+            threshold: AtomicUsize::new(floor),
+            busy: AtomicBool::new(false),
+            at: AtomicUsize::new(NEVER),
+            created: AtomicUsize::new(0),
+            bytes: AtomicUsize::new(0),
+            trims: AtomicUsize::new(0),
+        }
+    }
 }
 
 /// An object cache: objects of one size and alignment, constructed once as they enter
@@ -478,6 +556,8 @@ impl CacheBuilder {
             dtor_calls: AtomicUsize::new(0),
             misses: AtomicUsize::new(0),
             decay: AtomicUsize::new(0),
+            updates: AtomicUsize::new(0),
+            trim: config.trim_threshold.map(Trim::new),
         });
         let cache = ObjectCache { inner: NonNull::from(Box::leak(inner)) };
         if registered {
@@ -719,6 +799,11 @@ impl ObjectCache {
     pub(crate) unsafe fn after_fork_in_child(&self) {
         // SAFETY: the caller's contract.
         unsafe { self.inner().cpu.after_fork_in_child() };
+        if let Some(trim) = &self.inner().trim {
+            // A trimmer that vanished with the fork must not keep the child from trimming.
+            // Relaxed: no other thread runs yet.
+            trim.busy.store(false, Ordering::Relaxed);
+        }
     }
 
     /// Panics if a layer's invariants fail (quiescent use only: tests).
@@ -884,12 +969,72 @@ impl Inner {
             return unsafe { self.to_slab(ptr) };
         }
         let result = match self.cpu.free(ptr) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.maybe_trim();
+                Ok(())
+            }
             // SAFETY: the caller's (1) and (2).
             Err(ptr) => unsafe { self.to_slab(ptr) },
         };
         self.settle();
         result
+    }
+
+    /// The free-time trim's test, after a free that went past the loaded magazine (the
+    /// only frees that can add a full magazine to the depot): one relaxed load of the
+    /// depot's count and a comparison.
+    #[inline]
+    fn maybe_trim(&self) {
+        if let Some(trim) = &self.trim
+            // Relaxed: a hint; the trim recounts.
+            && self.cpu.depot_full() * self.cpu.magazine_size() * self.size > trim.threshold.load(Ordering::Relaxed)
+        {
+            self.trim_now(trim);
+        }
+    }
+
+    /// The free-time trim (module documentation): full depot magazines past the
+    /// threshold go to the slab layer, then the regions give the freed pages back.
+    #[cold]
+    #[inline(never)]
+    fn trim_now(&self, trim: &Trim) {
+        // Acquire: pairs with the Release store that ends the previous trim (its fields).
+        if self.is_dead() || trim.busy.swap(true, Ordering::Acquire) {
+            return;
+        }
+        // Relaxed (every field): hints, serialised by `busy`.
+        let now = self.updates.load(Ordering::Relaxed);
+        let at = trim.at.load(Ordering::Relaxed);
+        let mut threshold = trim.threshold.load(Ordering::Relaxed);
+        let created = if at != NEVER && now.wrapping_sub(at) <= 1 {
+            self.shared.slab.stats().slabs_created
+        } else {
+            trim.created.load(Ordering::Relaxed)
+        };
+        if created != trim.created.load(Ordering::Relaxed) {
+            // The last trim, in this interval or the one before, gave back objects that
+            // the program then needed again (the slab layer made slabs since): it was
+            // premature. Raise the threshold past the demand it saw.
+            threshold = threshold.saturating_add(trim.bytes.load(Ordering::Relaxed)).saturating_mul(2).min(TRIM_MAX);
+            trim.threshold.store(threshold, Ordering::Relaxed);
+            // One raise per premature trim: the next is judged from here.
+            trim.at.store(now, Ordering::Relaxed);
+            trim.created.store(created, Ordering::Relaxed);
+        }
+        // Down to half the threshold, not to it: each trim gives back a batch, so that
+        // a stream of frees trims (and purges) every few megabytes, not on every push.
+        let magazine = (self.cpu.magazine_size() * self.size).max(1);
+        let mut sink = self.sink();
+        let rounds = self.cpu.trim_depot(threshold / 2 / magazine, &mut sink);
+        if rounds > 0 {
+            self.regions.purge(PURGE_DIRTY_PAGES);
+            trim.at.store(now, Ordering::Relaxed);
+            trim.created.store(self.shared.slab.stats().slabs_created, Ordering::Relaxed);
+            trim.bytes.store(rounds * self.size, Ordering::Relaxed);
+            trim.trims.fetch_add(1, Ordering::Relaxed);
+        }
+        // Release: pairs with the Acquire swap above.
+        trim.busy.store(false, Ordering::Release);
     }
 
     /// # Safety
@@ -1008,6 +1153,17 @@ impl Inner {
         // cache then kept `max_empty` empty slabs, and their region, for good).
         // Relaxed: statistics; concurrent updates at worst count an interval twice.
         let misses = self.misses.load(Ordering::Relaxed) & 0xFFFF_FFFF;
+        let now = self.updates.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+        if let Some(trim) = &self.trim {
+            // Relaxed (trim fields): hints. A threshold raised by premature trims halves
+            // back towards the configured one for every interval past `decay_intervals`
+            // without a trim.
+            let at = trim.at.load(Ordering::Relaxed);
+            let threshold = trim.threshold.load(Ordering::Relaxed);
+            if threshold > trim.floor && (at == NEVER || now.wrapping_sub(at) > self.decay_intervals) {
+                trim.threshold.store((threshold / 2).max(trim.floor), Ordering::Relaxed);
+            }
+        }
         let mut count = 0;
         let mut sink = self.sink();
         let mut counted = |round| {
@@ -1067,7 +1223,9 @@ impl Inner {
             dtor_calls,
             slabs,
             slab_bytes: slabs * slab.slab_pages * PAGE,
-            // Relaxed: a statistic.
+            // Relaxed (three): statistics.
+            trims: self.trim.as_ref().map_or(0, |t| t.trims.load(Ordering::Relaxed)),
+            trim_threshold: self.trim.as_ref().map_or(0, |t| t.threshold.load(Ordering::Relaxed)),
             destroyed: self.dead.load(Ordering::Relaxed),
             torn_down: teardowns > 0,
             teardowns,

@@ -61,6 +61,11 @@
 //!
 //! # Giving memory back
 //!
+//! A class whose depot comes to hold more than [`TRIM_THRESHOLD`] of freed blocks
+//! trims at free time: the freeing thread sends the excess to the slabs and the pages to
+//! the kernel at once (`cache.rs`, "Free-time trim"; the threshold adapts to a program
+//! that needs the memory again).
+//!
 //! Size-class caches run without the background reaper thread (a thread started from
 //! inside `malloc` is a hazard: before `main`, under glibc's loader lock, across
 //! `fork`). Their maintenance is piggy-backed instead: every 64th slow path (a
@@ -160,6 +165,8 @@ pub struct UmemStats {
     pub bootstrap: usize,
     /// Size-class caches made so far.
     pub classes: usize,
+    /// Free-time trims so far, over all classes ([`TRIM_THRESHOLD`]).
+    pub trims: usize,
     /// The regions' Refcache epoch. It moves only while region counts are in flux (a
     /// slab taken or given back, a region under review); a settled heap's periodic
     /// maintenance leaves it, and the CPUs, alone.
@@ -509,6 +516,21 @@ fn magazine_config(size: usize) -> super::cpu_cache::Config {
     super::cpu_cache::Config { initial_rounds: rounds, max_rounds: default.max_rounds.max(rounds), ..default }
 }
 
+/// The free-time trim threshold of every size-class cache
+/// ([`cache::Config::trim_threshold`](super::cache::Config::trim_threshold)): a class
+/// whose depot holds more than 4 MiB of freed blocks in full magazines gives the excess
+/// back to its slabs on the freeing thread, and the emptied pages go back to the kernel
+/// at once, as glibc trims its heap at free time. The threshold of a class doubles past
+/// the demand it saw when the program needs the trimmed memory again within about a
+/// working-set interval, and decays back after ten quiet intervals, so an
+/// allocate-everything, free-everything loop pays the page faults only while the
+/// threshold catches up with it.
+///
+/// ```
+/// assert_eq!(scalemem::umem::global::TRIM_THRESHOLD, 4 << 20);
+/// ```
+pub const TRIM_THRESHOLD: usize = 4 << 20;
+
 /// The cache names, one per class (`umem_alloc_<size>` in libumem).
 const NAME: &str = "umem_alloc";
 
@@ -534,7 +556,12 @@ impl Heap {
         if c.is_null() {
             let size = class_size(class);
             let align = super::sizeclass::class_align(class);
-            let config = Config { reaper: false, magazines: magazine_config(size), ..Config::default() };
+            let config = Config {
+                reaper: false,
+                magazines: magazine_config(size),
+                trim_threshold: Some(TRIM_THRESHOLD),
+                ..Config::default()
+            };
             // Class i's slab pages carry the tag i + 1 (NCLASSES < 255), which `free`
             // reads to find the class in one load.
             let tag = tag_of(class);
@@ -1192,6 +1219,7 @@ pub fn stats() -> UmemStats {
         stats.in_use += c.in_use * c.size;
         stats.small_cached += (c.constructed - c.in_use.min(c.constructed)) * c.size;
         stats.classes += 1;
+        stats.trims += c.trims;
     }
     stats.in_use += large.in_use;
     stats
