@@ -49,6 +49,10 @@
 #     destroy_while_threads_allocate_and_free, background_reaper_returns_memory_without_calls
 #     -- objects and magazines handed over through rseq CPU slots
 #   object_cache: stress_rss_returns_after_decay -- measures RSS
+#   trim: sixteen_threads_trim_allocate_and_free_at_once -- objects constructed on one
+#     thread and handed out on another through rseq CPU slots, as in object_cache
+#   global_trim (whole binary) -- measures RSS, and its threads' magazines move through
+#     rseq CPU slots (a magazine made on one thread, pushed to the depot by another)
 #   object_cache: fork_while_threads_use_registered_caches -- magazines made on one CPU
 #     slot and retired by a reap after heavy_rseq (membarrier), as above
 #   refcount: intrusive::racing_revivals_and_drops_release_exactly_once_at_the_end,
@@ -102,6 +106,8 @@ mapfile -t s < <(skip sixteen_threads_allocate_and_free_across_threads destroy_w
     background_reaper_returns_memory_without_calls stress_rss_returns_after_decay \
     fork_while_threads_use_registered_caches)
 run --test object_cache -- --exact "${s[@]}"
+mapfile -t s < <(skip sixteen_threads_trim_allocate_and_free_at_once)
+run --test trim -- --exact "${s[@]}"
 mapfile -t s < <(skip intrusive::racing_revivals_and_drops_release_exactly_once_at_the_end \
     intrusive::released_once_two_epochs_after_zero_and_never_while_counted \
     percpu_ref_kill_races_with_tryget_live refcache_background_ticker_frees_without_help \

@@ -20,9 +20,17 @@ use scalemem::umem::region::Regions;
 const SIZE: usize = 4096;
 const THRESHOLD: usize = 64 << 10;
 
+/// Managers leaked for `'static`, kept reachable from here so that LeakSanitizer does not
+/// report them.
+static LEAKED: [AtomicUsize; 16] = [const { AtomicUsize::new(0) }; 16];
+static LEAKED_NEXT: AtomicUsize = AtomicUsize::new(0);
+
 /// A region manager ticked by hand, leaked for `'static`.
 fn manual() -> &'static Regions {
-    Box::leak(Box::new(Regions::builder().refcache(RefcacheConfig::manual()).retain(0).build().unwrap()))
+    let regions: &'static Regions =
+        Box::leak(Box::new(Regions::builder().refcache(RefcacheConfig::manual()).retain(0).build().unwrap()));
+    LEAKED[LEAKED_NEXT.fetch_add(1, Relaxed)].store(std::ptr::from_ref(regions) as usize, Relaxed);
+    regions
 }
 
 fn config(trim: Option<usize>, rounds: usize) -> Config {
