@@ -236,6 +236,63 @@ fn grows_under_contention_and_shrinks_when_idle() {
     }
 }
 
+#[test]
+fn grows_at_once_when_contended_since_the_last_check() {
+    let config = Config { initial_rounds: 1, min_rounds: 1, max_rounds: 143, grow_contention: 2, shrink_idle: 2 };
+    for caches in both_modes(config) {
+        let mut sunk = Vec::new();
+        assert!(!caches.grow_if_contended(0, |_| unreachable!()), "grew without contention");
+        // The same forced contention as above: 16 threads, 1-round magazines, bursts of 8.
+        let mut grew = false;
+        for _attempt in 0..10 {
+            let returned = Mutex::new(Vec::new());
+            std::thread::scope(|s| {
+                for t in 0..16 {
+                    let (caches, returned) = (&caches, &returned);
+                    s.spawn(move || {
+                        let mut hand = Vec::new();
+                        let deadline = Instant::now() + Duration::from_millis(100);
+                        let mut i = 0;
+                        while Instant::now() < deadline {
+                            for _ in 0..8 {
+                                match caches.alloc() {
+                                    Some(p) => hand.push(p.as_ptr().addr()),
+                                    None => {
+                                        i += 1;
+                                        hand.push(token(t, i).as_ptr().addr());
+                                    }
+                                }
+                            }
+                            let mut refused = Vec::new();
+                            while let Some(p) = hand.pop() {
+                                if let Err(p) = caches.free(from_addr(p)) {
+                                    refused.push(p.as_ptr().addr());
+                                }
+                            }
+                            returned.lock().unwrap().extend(refused);
+                        }
+                    });
+                }
+            });
+            sunk.extend(returned.into_inner().unwrap());
+            if caches.grow_if_contended(0, |p| sunk.push(p.as_ptr().addr())) {
+                grew = true;
+                break;
+            }
+        }
+        assert!(grew, "16 threads on 1-round magazines never contended");
+        // One ladder step, applied at once (a drain), and nothing more without new
+        // contention.
+        assert_eq!((caches.magazine_size(), caches.stats().resizes, caches.stats().cpu_rounds), (3, 1, 0));
+        assert!(!caches.grow_if_contended(0, |_| unreachable!()), "grew again without new contention");
+        caches.drain(|p| sunk.push(p.as_ptr().addr()));
+        let n = sunk.len();
+        sunk.sort_unstable();
+        sunk.dedup();
+        assert_eq!(sunk.len(), n, "a round came out twice");
+    }
+}
+
 /// Per-worker operation cap.
 fn ops_per_thread() -> usize {
     if cfg!(debug_assertions) { 200_000 } else { 2_000_000 }

@@ -751,6 +751,16 @@ impl ObjectCache {
         self.inner().update()
     }
 
+    /// [`CpuCaches::grow_if_contended`] for this cache's magazines (drained rounds leave
+    /// the cache); nothing for a destroyed cache or one in checking mode.
+    pub(crate) fn grow_if_contended(&self, failures: usize) -> bool {
+        let inner = self.inner();
+        if inner.checking || inner.is_dead() {
+            return false;
+        }
+        inner.cpu.grow_if_contended(failures, inner.sink())
+    }
+
     /// Counters (see [`CacheStats`]).
     ///
     /// ```

@@ -87,6 +87,10 @@
 //! previous interval, it shrinks a step (libumem never shrinks). A resize drains every
 //! CPU and purges the depot, so the new size applies at once; magazines of the old size
 //! still in flight keep working (each magazine records its own capacity).
+//! [`grow_if_contended`](CpuCaches::grow_if_contended) applies the growth half of the
+//! rule at once, for a caller that checks every few milliseconds (umem's global heap
+//! does on every 10 ms maintenance tick): magazines too small for a workload's bursts
+//! show as depot contention within a tick, long before an interval ends.
 
 use core::ptr::{NonNull, null_mut};
 
@@ -432,6 +436,8 @@ pub struct CpuCaches {
     reconfig: AtomicBool,
     /// Depot contention at the last `update`.
     last_contention: AtomicUsize,
+    /// The depot contention at the last [`grow_if_contended`](CpuCaches::grow_if_contended).
+    tick_contention: AtomicUsize,
     resizes: AtomicUsize,
 }
 
@@ -498,6 +504,7 @@ impl CpuCaches {
             mag_rounds: AtomicUsize::new(config.initial_rounds),
             reconfig: AtomicBool::new(false),
             last_contention: AtomicUsize::new(0),
+            tick_contention: AtomicUsize::new(0),
             resizes: AtomicUsize::new(0),
         })
     }
@@ -939,6 +946,36 @@ impl CpuCaches {
             self.reconfigure(Some(target), &mut sink);
         }
         self.magazine_size()
+    }
+
+    /// Grows the magazines one step of the ladder now if the depot saw more than
+    /// `failures` failed CAS attempts or retried pops since the last call: the fast
+    /// half of the contention rule of [`update`](Self::update), for a caller that
+    /// checks often (umem's global heap, every 10 ms tick), so that CPUs that keep
+    /// exchanging magazines through the depot get larger ones within a tick instead of
+    /// a working-set interval. Shrinking stays with `update`. A resize drains
+    /// everything into `sink` (a stop and an rseq fence: at most one per ladder step).
+    /// Returns whether it grew.
+    ///
+    /// ```
+    /// let caches = scalemem::umem::cpu_cache::CpuCaches::new(Default::default()).unwrap();
+    /// assert!(!caches.grow_if_contended(0, |_| {})); // no contention yet
+    /// ```
+    pub fn grow_if_contended(&self, failures: usize, mut sink: impl FnMut(NonNull<u8>)) -> bool {
+        let contention = self.depot.contention();
+        // Relaxed: a statistic; concurrent callers at worst both see one delta.
+        let last = self.tick_contention.load(Ordering::Relaxed);
+        if contention.wrapping_sub(last) <= failures {
+            return false;
+        }
+        self.tick_contention.store(contention, Ordering::Relaxed);
+        let size = self.magazine_size();
+        let target = LADDER.iter().copied().find(|&r| r > size).unwrap_or(size).min(self.config.max_rounds);
+        if target <= size {
+            return false;
+        }
+        self.reconfigure(Some(target), &mut sink);
+        true
     }
 
     /// Takes the reconfiguration mutex without a scope, for `fork`: no drain or resize

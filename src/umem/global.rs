@@ -72,7 +72,10 @@
 //! magazine miss or a large request, allocation or free) on a thread looks at the
 //! clock, and when an interval has passed one thread (try-lock) ticks the regions'
 //! Refcache (every 10 ms, and only while it has work: a delta cached or a region under
-//! review; a region goes back two epochs after its last slab) and runs each cache's
+//! review; a region goes back two epochs after its last slab), grows the magazines of
+//! any class whose depot saw more than a few dozen failed CAS attempts since the last
+//! tick (a class whose bursts outgrow a CPU's two magazines would otherwise send every
+//! burst through the shared depot for a whole interval), and runs each cache's
 //! working-set update (every second: idle magazines reaped, a cache without slab traffic
 //! for ten intervals drained unless it holds nothing). A settled or idle heap therefore
 //! issues no `membarrier`: each tick, drain and epoch advance costs one, which
@@ -396,6 +399,9 @@ struct Heap {
 
 /// How often the regions' Refcache epoch moves on (piggy-backed).
 const TICK_NS: u64 = 10_000_000;
+/// Failed depot CAS attempts (or retried pops) in one maintenance tick past which a
+/// class's magazines grow a step at once (`CpuCaches::grow_if_contended`).
+const GROW_FAILURES: usize = 32;
 /// How often each cache's working set is updated (libumem's reap interval).
 const UPDATE_NS: u64 = 1_000_000_000;
 
@@ -718,6 +724,11 @@ impl Heap {
             // nothing under review), so a steady or idle process is not interrupted
             // 100 times a second.
             let _ = self.regions.tick_if_busy();
+        }
+        // Magazines too small for the traffic show as depot contention: grow them within
+        // a tick, not a working-set interval (one load per cache when there is none).
+        for cache in self.made() {
+            cache.grow_if_contended(GROW_FAILURES);
         }
         if force || now >= self.next_update.load(Ordering::Relaxed) {
             self.next_update.store(now + UPDATE_NS, Ordering::Relaxed);
