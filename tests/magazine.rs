@@ -159,51 +159,54 @@ fn reap_returns_what_sat_idle_for_an_interval() {
     }
 }
 
+/// Forced contention: 16 threads on 2 CPUs for `run`, in bursts of 8 allocations then 8
+/// frees, far more than a CPU's two magazines hold when they are of 1 round, so most
+/// operations reach the depot. Returns the tokens left outside the layer (refused frees).
+fn contend(caches: &CpuCaches, run: Duration) -> Vec<usize> {
+    let returned = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for t in 0..16 {
+            let returned = &returned;
+            s.spawn(move || {
+                let mut hand = Vec::new();
+                let mut slab = Vec::new();
+                let deadline = Instant::now() + run;
+                let mut i = 0;
+                while Instant::now() < deadline {
+                    for _ in 0..8 {
+                        match caches.alloc() {
+                            Some(p) => hand.push(p.as_ptr().addr()),
+                            None => match slab.pop() {
+                                Some(p) => hand.push(p),
+                                None => {
+                                    i += 1;
+                                    hand.push(token(t, i).as_ptr().addr());
+                                }
+                            },
+                        }
+                    }
+                    while let Some(p) = hand.pop() {
+                        if let Err(p) = caches.free(from_addr(p)) {
+                            slab.push(p.as_ptr().addr());
+                        }
+                    }
+                }
+                returned.lock().unwrap().extend(hand.into_iter().chain(slab));
+            });
+        }
+    });
+    returned.into_inner().unwrap()
+}
+
 #[test]
 fn grows_under_contention_and_shrinks_when_idle() {
     let config = Config { initial_rounds: 1, min_rounds: 1, max_rounds: 143, grow_contention: 2, shrink_idle: 2 };
     for caches in both_modes(config) {
         let mut sunk = Vec::new();
-        // Forced contention: 16 threads on 2 CPUs, magazines of 1 round, so nearly every
-        // operation goes to the depot.
         let mut grown = 1;
         for _attempt in 0..10 {
             let before = caches.stats().contention;
-            let returned = Mutex::new(Vec::new());
-            std::thread::scope(|s| {
-                for t in 0..16 {
-                    let (caches, returned) = (&caches, &returned);
-                    s.spawn(move || {
-                        let mut hand = Vec::new();
-                        let mut slab = Vec::new();
-                        let deadline = Instant::now() + Duration::from_millis(150);
-                        let mut i = 0;
-                        while Instant::now() < deadline {
-                            // Bursts of 8 allocations then 8 frees: far more than a CPU's
-                            // two 1-round magazines hold, so most operations reach the depot.
-                            for _ in 0..8 {
-                                match caches.alloc() {
-                                    Some(p) => hand.push(p.as_ptr().addr()),
-                                    None => match slab.pop() {
-                                        Some(p) => hand.push(p),
-                                        None => {
-                                            i += 1;
-                                            hand.push(token(t, i).as_ptr().addr());
-                                        }
-                                    },
-                                }
-                            }
-                            while let Some(p) = hand.pop() {
-                                if let Err(p) = caches.free(from_addr(p)) {
-                                    slab.push(p.as_ptr().addr());
-                                }
-                            }
-                        }
-                        returned.lock().unwrap().extend(hand.into_iter().chain(slab));
-                    });
-                }
-            });
-            sunk.extend(returned.into_inner().unwrap());
+            sunk.extend(contend(&caches, Duration::from_millis(150)));
             let during = caches.stats().contention - before;
             grown = caches.update(|p| sunk.push(p.as_ptr().addr()));
             eprintln!("contention in the interval: {during}, size now {grown}");
@@ -242,39 +245,9 @@ fn grows_at_once_when_contended_since_the_last_check() {
     for caches in both_modes(config) {
         let mut sunk = Vec::new();
         assert!(!caches.grow_if_contended(0, |_| unreachable!()), "grew without contention");
-        // The same forced contention as above: 16 threads, 1-round magazines, bursts of 8.
         let mut grew = false;
         for _attempt in 0..10 {
-            let returned = Mutex::new(Vec::new());
-            std::thread::scope(|s| {
-                for t in 0..16 {
-                    let (caches, returned) = (&caches, &returned);
-                    s.spawn(move || {
-                        let mut hand = Vec::new();
-                        let deadline = Instant::now() + Duration::from_millis(100);
-                        let mut i = 0;
-                        while Instant::now() < deadline {
-                            for _ in 0..8 {
-                                match caches.alloc() {
-                                    Some(p) => hand.push(p.as_ptr().addr()),
-                                    None => {
-                                        i += 1;
-                                        hand.push(token(t, i).as_ptr().addr());
-                                    }
-                                }
-                            }
-                            let mut refused = Vec::new();
-                            while let Some(p) = hand.pop() {
-                                if let Err(p) = caches.free(from_addr(p)) {
-                                    refused.push(p.as_ptr().addr());
-                                }
-                            }
-                            returned.lock().unwrap().extend(refused);
-                        }
-                    });
-                }
-            });
-            sunk.extend(returned.into_inner().unwrap());
+            sunk.extend(contend(&caches, Duration::from_millis(100)));
             if caches.grow_if_contended(0, |p| sunk.push(p.as_ptr().addr())) {
                 grew = true;
                 break;
