@@ -1016,12 +1016,11 @@ impl Inner {
         let now = self.updates.load(Ordering::Relaxed);
         let at = trim.at.load(Ordering::Relaxed);
         let mut threshold = trim.threshold.load(Ordering::Relaxed);
-        let created = if at != NEVER && now.wrapping_sub(at) <= 1 {
-            self.shared.slab.stats().slabs_created
-        } else {
-            trim.created.load(Ordering::Relaxed)
-        };
-        if created != trim.created.load(Ordering::Relaxed) {
+        // Slabs made since the last trim, if it was in this interval or the one before.
+        let made_since = (at != NEVER && now.wrapping_sub(at) <= 1)
+            .then(|| self.shared.slab.stats().slabs_created)
+            .filter(|&created| created != trim.created.load(Ordering::Relaxed));
+        if let Some(created) = made_since {
             // The last trim, in this interval or the one before, gave back objects that
             // the program then needed again (the slab layer made slabs since): it was
             // premature. Raise the threshold past the demand it saw.
