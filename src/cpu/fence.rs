@@ -142,25 +142,19 @@ pub fn light() {
     }
 }
 
-/// [`light`] for hot paths that must hold no call: where the mode is not decided yet it
-/// issues a SeqCst fence without deciding it (as strong as either mode's light side, so
-/// it pairs with whatever [`heavy`] does). The caller makes sure the mode gets decided
-/// elsewhere (the first use on each thread calls [`mode`]), or it pays a real fence for
-/// good.
+/// [`light`] for a caller that has seen [`mode`] return [`Mode::Asymmetric`] (at any
+/// earlier time, on this thread): a compiler fence, with no load of the mode. Correct
+/// even after a later switch to symmetric, because [`heavy`] keeps issuing membarrier
+/// once registered (module doc). Under loom, a SeqCst fence.
 #[inline]
-pub(crate) fn light_decided() {
+pub(crate) fn light_asymmetric() {
     #[cfg(scalemem_loom)]
     {
         fence(Ordering::SeqCst);
     }
     #[cfg(not(scalemem_loom))]
     {
-        // Relaxed: see MODE.
-        if MODE.load(Ordering::Relaxed) == ASYMMETRIC {
-            compiler_fence(Ordering::SeqCst);
-        } else {
-            fence(Ordering::SeqCst);
-        }
+        compiler_fence(Ordering::SeqCst);
     }
 }
 

@@ -81,9 +81,10 @@
 //!   exit hook, or if registration failed): +1 on the current CPU's arrival count (rseq
 //!   `add`, or a Relaxed `fetch_add` on the CPU's atomic word where the thread has no
 //!   rseq);
-//! - **R2** `fence::light()` (a compiler fence; a SeqCst fence in the symmetric mode, and
-//!   on the slot path also while no fence has decided the mode yet: a thread's record
-//!   registration decides it, so the inline path never calls out to decide);
+//! - **R2** `fence::light()` (a compiler fence; a SeqCst fence in the symmetric mode).
+//!   On the slot path the thread's record registration decides the kind once for the
+//!   thread's life (a compiler fence if the mode was asymmetric then, else SeqCst), so
+//!   the inline path reads no global mode word and never calls out to decide;
 //! - **R3** load `state` (Acquire). `WRITER` clear: the reader is inside. Set: it
 //!   departs at once (R4-R6, having touched no data), spins briefly then sleeps on
 //!   `state` until `WRITER` clears, and starts again at R1.

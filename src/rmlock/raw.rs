@@ -33,18 +33,39 @@ const DRAIN_TICK: u32 = 2;
 /// their interleavings.
 const SPIN_FIRST: bool = !cfg!(scalemem_loom);
 
-/// How a read guard is held: in a slot of the thread's record (the slot's address), or
-/// counted per CPU (null).
+/// How a read guard is held: the address of a slot of the thread's record, with
+/// [`Ticket::SEQCST`] set if that thread's slot operations issue SeqCst fences (it
+/// registered in the symmetric mode), or [`Ticket::COUNTED`]: counted per CPU. A clear
+/// low bit, the common case, is all the inline release tests.
 #[derive(Clone, Copy)]
 pub(super) struct Ticket(*const AtomicUsize);
 
 impl Ticket {
-    /// A hold counted in the per-CPU counts.
-    const COUNTED: Self = Self(core::ptr::null());
+    /// The low bit: the release leaves the inline path (a counted hold, or a slot hold
+    /// whose fences are SeqCst). Slots are word-aligned, so the bit is free.
+    const SEQCST: usize = 1;
 
-    fn at(slot: &AtomicUsize) -> Self {
-        Self(slot)
+    /// A hold counted in the per-CPU counts.
+    const COUNTED: Self = Self(core::ptr::without_provenance(Self::SEQCST));
+
+    /// A hold in `slot`, released with fences of the kind `light` says.
+    fn at(slot: &AtomicUsize, light: bool) -> Self {
+        let ticket = core::ptr::from_ref(slot);
+        if light { Self(ticket) } else { Self(ticket.map_addr(|a| a | Self::SEQCST)) }
     }
+
+    /// The slot of a slot hold (either kind); `None` for a counted one.
+    fn slot(self) -> Option<*const AtomicUsize> {
+        let slot = self.0.map_addr(|a| a & !Self::SEQCST);
+        (!slot.is_null()).then_some(slot)
+    }
+}
+
+/// R2/R5 on the slot path, of the kind the thread's registration chose (see
+/// `slots::light_slots`): a compiler fence, or a SeqCst fence.
+#[inline]
+fn slot_fence(light: bool) {
+    if light { fence::light_asymmetric() } else { atomic_fence(Ordering::SeqCst) }
 }
 
 /// The protocol state of one `RmLock`.
@@ -55,10 +76,9 @@ pub(super) struct RawRmLock {
     /// [`WRITER_SLEEPING`] + departure notices: the word the writer sleeps on while
     /// readers are inside.
     drain: Futex,
-    /// This lock's tag in the threads' reader slots (a never-reused identity), and the
-    /// slot it tries first.
+    /// This lock's tag in the threads' reader slots (a never-reused identity); the slot
+    /// it tries first is `slots::home_of(tag)`, computed, not loaded.
     tag: usize,
-    home: usize,
     /// The `slots::thread_token` of the thread holding the write lock (0: none), to
     /// turn a thread's wait for itself into a panic. Relaxed everywhere: a thread only
     /// ever compares it with its own token, which only that thread stores.
@@ -75,7 +95,6 @@ impl RawRmLock {
             state: Futex::new(0),
             drain: Futex::new(0),
             tag,
-            home: slots::home_of(tag),
             owner: AtomicUsize::new(0),
             readers: Readers::try_new()?,
         })
@@ -84,18 +103,20 @@ impl RawRmLock {
     /// Read lock, waiting while a writer holds the lock or waits for it. Returns how the
     /// hold is recorded, for [`read_unlock`](Self::read_unlock). The fast path: the
     /// thread's home slot for this lock is free (its first read of it) or holds it
-    /// already (a nested read).
+    /// already (a nested read). A thread whose slot fences are SeqCst (registered in the symmetric mode) always
+    /// takes the slow path: that mode costs a SeqCst fence per step anyway.
     #[inline]
     pub(super) fn read_lock(&self) -> Ticket {
-        if let Some(record) = slots::mine_registered() {
-            let slot = record.slot(self.home);
+        if let Some(record) = slots::mine_fast() {
+            let tag = self.tag;
+            let slot = record.slot(slots::home_of(tag));
             let word = slots::own(slot);
-            if word == 0 && self.try_enter(slot) {
-                return Ticket::at(slot);
+            if word == 0 && self.try_enter(slot, true) {
+                return Ticket::at(slot, true);
             }
-            if word == self.tag {
+            if word == tag {
                 Self::nest(slot);
-                return Ticket::at(slot);
+                return Ticket::at(slot, true);
             }
         }
         self.read_lock_slow()
@@ -109,15 +130,17 @@ impl RawRmLock {
         if self.owner.load(Ordering::Relaxed) == slots::thread_token() {
             panic!("RmLock::read: this thread holds the write lock (it would wait for itself)");
         }
-        match slots::mine().map_or(Lookup::Full, |record| record.lookup(self.tag)) {
+        let lookup = slots::mine().map_or(Lookup::Full, |record| record.lookup(self.tag));
+        let light = slots::light_slots();
+        match lookup {
             Lookup::Held(slot) => {
                 Self::nest(slot);
-                Ticket::at(slot)
+                Ticket::at(slot, light)
             }
             Lookup::Free(slot) => loop {
                 self.wait_while_write_locked();
-                if self.try_enter(slot) {
-                    return Ticket::at(slot);
+                if self.try_enter(slot, light) {
+                    return Ticket::at(slot, light);
                 }
             },
             Lookup::Full => {
@@ -133,12 +156,14 @@ impl RawRmLock {
     /// for reading already; never waits.
     #[inline]
     pub(super) fn try_read_lock(&self) -> Option<Ticket> {
-        match slots::mine().map_or(Lookup::Full, |record| record.lookup(self.tag)) {
+        let lookup = slots::mine().map_or(Lookup::Full, |record| record.lookup(self.tag));
+        let light = slots::light_slots();
+        match lookup {
             Lookup::Held(slot) => {
                 Self::nest(slot);
-                Some(Ticket::at(slot))
+                Some(Ticket::at(slot, light))
             }
-            Lookup::Free(slot) => self.try_enter(slot).then(|| Ticket::at(slot)),
+            Lookup::Free(slot) => self.try_enter(slot, light).then(|| Ticket::at(slot, light)),
             Lookup::Full => self.try_arrive().then_some(Ticket::COUNTED),
         }
     }
@@ -146,31 +171,42 @@ impl RawRmLock {
     /// Releases a read lock held as `ticket`.
     #[inline]
     pub(super) fn read_unlock(&self, ticket: Ticket) {
-        // SAFETY: a non-null ticket is a slot of this thread's record (from `read_lock`
-        // or `try_read_lock` on this thread: guards are not `Send`); records are never
-        // freed.
-        match unsafe { ticket.0.as_ref() } {
-            Some(slot) => {
-                // SAFETY: a slot of a record (above).
-                let depth = unsafe { Record::depth_of(slot) };
-                let nested = slots::own(depth);
-                if nested == 0 {
-                    self.leave(slot);
-                } else {
-                    // Relaxed: only this thread reads its depths.
-                    depth.store(nested - 1, Ordering::Relaxed);
-                }
-            }
-            None => self.depart_counted(),
+        if ticket.0.addr() & Ticket::SEQCST != 0 {
+            return self.read_unlock_slow(ticket);
+        }
+        // SAFETY: a ticket with a clear low bit is a slot of this thread's record (from
+        // `read_lock` or `try_read_lock` on this thread: guards are not `Send`); records
+        // are never freed.
+        let slot = unsafe { &*ticket.0 };
+        self.release_slot(slot, true);
+    }
+
+    /// The release of a counted hold, or of a slot hold with SeqCst fences: out of line,
+    /// so that the inline release stays small (the rseq section needs registers the
+    /// slot path does not).
+    #[cold]
+    #[inline(never)]
+    fn read_unlock_slow(&self, ticket: Ticket) {
+        match ticket.slot() {
+            // SAFETY: as in `read_unlock` (the address without its low bit).
+            Some(slot) => self.release_slot(unsafe { &*slot }, false),
+            None => self.depart(),
         }
     }
 
-    /// The release of a counted hold, out of line so that the slot path's code stays
-    /// small (the rseq section needs registers the slot path does not).
-    #[cold]
-    #[inline(never)]
-    fn depart_counted(&self) {
-        self.depart();
+    /// Releases one hold in `slot` (a slot of this thread's record): one level
+    /// shallower, or R4-R6 for the last one.
+    #[inline]
+    fn release_slot(&self, slot: &AtomicUsize, light: bool) {
+        // SAFETY: a slot of a record (the callers').
+        let depth = unsafe { Record::depth_of(slot) };
+        let nested = slots::own(depth);
+        if nested == 0 {
+            self.leave(slot, light);
+        } else {
+            // Relaxed: only this thread reads its depths.
+            depth.store(nested - 1, Ordering::Relaxed);
+        }
     }
 
     /// A nested read of a lock held in `slot` (of this thread's record): one level
@@ -189,39 +225,39 @@ impl RawRmLock {
     /// the writer flag. On `false` the slot is free again (and the writer told) and the
     /// caller must wait.
     #[inline]
-    fn try_enter(&self, slot: &AtomicUsize) -> bool {
+    fn try_enter(&self, slot: &AtomicUsize, light: bool) -> bool {
         // R1. Release: every store to a slot is (see `slots`' module doc).
         slot.store(self.tag, Ordering::Release);
         // R2: pairs with the writer's heavy fence (W2): either the writer's scan sees
-        // our slot, or our load below sees its flag. (`light_decided`: no call on the
-        // fast path; the thread's registration decided the mode.)
-        fence::light_decided();
+        // our slot, or our load below sees its flag. (Of the kind the thread's
+        // registration chose: no mode load, no call.)
+        slot_fence(light);
         // R3. Acquire: pairs with the Release swap in `write_unlock` (W5), as in
         // `try_arrive`.
         if self.state.load(Ordering::Acquire) & WRITER == 0 {
             return true;
         }
-        self.back_out_of(slot);
+        self.back_out_of(slot, light);
         false
     }
 
     /// A slot reader that saw the flag frees its slot again, having touched no data.
     #[cold]
     #[inline(never)]
-    fn back_out_of(&self, slot: &AtomicUsize) {
-        self.leave(slot);
+    fn back_out_of(&self, slot: &AtomicUsize, light: bool) {
+        self.leave(slot, light);
     }
 
     /// Read release on the slot path, R4-R6: free the slot (a Release store), light
     /// fence, and tell a writer that waits for readers.
     #[inline]
-    fn leave(&self, slot: &AtomicUsize) {
+    fn leave(&self, slot: &AtomicUsize, light: bool) {
         // R4-R5. Release: pairs with the Acquire loads of the writer's scan (W3): our
         // critical section happens before whatever the writer does after it has seen
         // the slot free (or holding anything else).
         slot.store(0, Ordering::Release);
         // R5: pairs with the writer's heavy fence (W2), as R2 does.
-        fence::light_decided();
+        slot_fence(light);
         // R6. Relaxed: only decides whether to notify (see `notify_writer`).
         if self.state.load(Ordering::Relaxed) & WRITER != 0 {
             self.notify_writer();
@@ -461,5 +497,53 @@ impl RawRmLock {
     pub(super) fn is_write_locked(&self) -> bool {
         // Relaxed: a snapshot that orders nothing.
         self.state.load(Ordering::Relaxed) & WRITER != 0
+    }
+}
+
+#[cfg(all(test, not(scalemem_loom)))]
+mod tests {
+    use super::*;
+    use crate::cpu::fence::Mode;
+
+    /// A slot hold's fences follow the mode its thread registered in: compiler fences
+    /// (the inline release, a clear ticket bit) where the mode was asymmetric, SeqCst
+    /// fences (the bit set, every read and release out of line) where it was symmetric.
+    /// The mode is process-wide, so the symmetric case runs in a child process (this
+    /// test again, with `SCALEMEM_FENCE=symmetric`).
+    #[test]
+    fn slot_tickets_follow_the_registration_mode() {
+        let child = std::env::var_os("RMLOCK_RAW_CHILD").is_some();
+        if !child {
+            let exe = std::env::current_exe().expect("the test binary");
+            let output = std::process::Command::new(exe)
+                .args(["--exact", "rmlock::raw::tests::slot_tickets_follow_the_registration_mode"])
+                .args(["--test-threads", "1"])
+                .env("SCALEMEM_FENCE", "symmetric")
+                .env("RMLOCK_RAW_CHILD", "1")
+                .output()
+                .expect("spawn the child test process");
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            assert!(output.status.success() && stdout.contains("1 passed"), "child failed:\n{stdout}");
+        }
+        let symmetric = fence::mode() == Mode::Symmetric;
+        assert!(symmetric || !child, "SCALEMEM_FENCE=symmetric left the mode asymmetric");
+        std::thread::spawn(move || {
+            let lock = RawRmLock::try_new().expect("a page for the counts");
+            let outer = lock.read_lock();
+            let inner = lock.read_lock();
+            assert!(outer.slot().is_some(), "a fresh thread's read is not in a slot");
+            assert_eq!(outer.slot(), inner.slot());
+            assert_eq!(outer.0.addr() & Ticket::SEQCST != 0, symmetric);
+            assert_eq!(inner.0.addr() & Ticket::SEQCST != 0, symmetric);
+            assert_eq!(slots::light_slots(), !symmetric);
+            assert!(!lock.try_write_lock(), "a writer got in beside two read holds");
+            lock.read_unlock(outer);
+            assert!(!lock.try_write_lock(), "a writer got in beside the nested hold");
+            lock.read_unlock(inner);
+            assert!(lock.try_write_lock(), "the slot was not freed");
+            lock.write_unlock();
+        })
+        .join()
+        .expect("the reader thread");
     }
 }

@@ -281,6 +281,9 @@ mod imp {
     crate::sync::thread_local! {
         /// Null: not registered yet; [`NONE`]: no record; else this thread's record.
         static MINE: Cell<*const Record> = const { Cell::new(ptr::null()) };
+        /// This thread's record if its slot operations may use compiler fences (the
+        /// fence mode was asymmetric when it registered); null otherwise.
+        static FAST: Cell<*const Record> = const { Cell::new(ptr::null()) };
     }
 
     /// The pthread key whose destructor gives the record back.
@@ -289,6 +292,7 @@ mod imp {
     /// Thread-exit hook.
     unsafe extern "C" fn give_back_at_exit(record: *mut libc::c_void) {
         MINE.with(|mine| mine.set(NONE));
+        FAST.with(|fast| fast.set(ptr::null()));
         // SAFETY: the key's value is this thread's record (set in `register`), and
         // records are never freed.
         if let Some(record) = unsafe { record.cast::<Record>().as_ref() }
@@ -311,21 +315,34 @@ mod imp {
         if p.is_null() { register() } else { None }
     }
 
-    /// [`mine`] without the first-use registration (no call): `None` also for a thread
-    /// that has not read yet. For the inline fast path; its slow path calls `mine`.
+    /// This thread's record if it is registered and its slot operations may use
+    /// compiler fences (see [`light_slots`]): one thread-local load, no call. `None` for
+    /// a thread that has not read yet, has no record, or registered in symmetric mode;
+    /// the inline fast path leaves those to its slow path, which calls [`mine`].
     #[inline]
-    pub(in crate::rmlock) fn mine_registered() -> Option<&'static Record> {
-        let p = MINE.with(Cell::get);
-        // SAFETY: as in `mine`.
-        (p.addr() > NONE.addr()).then(|| unsafe { &*p })
+    pub(in crate::rmlock) fn mine_fast() -> Option<&'static Record> {
+        let p = FAST.with(Cell::get);
+        // SAFETY: non-null only for the record this thread claimed (set in `register`
+        // beside MINE, reset with it by the exit hook); records are never freed.
+        unsafe { p.as_ref() }
+    }
+
+    /// Whether this thread's slot operations use compiler fences for R2 and R5: the
+    /// fence mode was asymmetric when the thread registered. It stays so for the
+    /// thread's life, even after a switch to symmetric: `heavy` keeps issuing the
+    /// membarrier once registered, which covers a compiler-fence reader
+    /// ([`crate::cpu::fence`]'s module doc).
+    #[inline]
+    pub(in crate::rmlock) fn light_slots() -> bool {
+        !FAST.with(Cell::get).is_null()
     }
 
     #[cold]
     #[inline(never)]
     fn register() -> Option<&'static Record> {
-        // Decide the fence mode now, so that the slot path's `light_decided` is a
-        // compiler fence from this thread's first read on (where membarrier works).
-        let _ = crate::cpu::fence::mode();
+        // Decide the fence mode now: it says whether this thread's slot path may use
+        // compiler fences (FAST) for the rest of its life.
+        let asymmetric = crate::cpu::fence::mode() == crate::cpu::fence::Mode::Asymmetric;
         let registered = (|| {
             let key = KEY.get()?;
             let record = REGISTRY.claim()?;
@@ -338,6 +355,9 @@ mod imp {
             Some(record)
         })();
         MINE.with(|mine| mine.set(registered.map_or(NONE, ptr::from_ref)));
+        if asymmetric && let Some(record) = registered {
+            FAST.with(|fast| fast.set(record));
+        }
         registered
     }
 
@@ -385,8 +405,14 @@ mod imp {
         MINE.with(|claim| if claim.counts.get() { None } else { claim.record })
     }
 
-    pub(in crate::rmlock) fn mine_registered() -> Option<&'static Record> {
+    /// Every model thread takes the fast path (its fences are SeqCst under loom
+    /// whichever kind the ticket records).
+    pub(in crate::rmlock) fn mine_fast() -> Option<&'static Record> {
         mine()
+    }
+
+    pub(in crate::rmlock) fn light_slots() -> bool {
+        true
     }
 
     /// Makes this model thread read with the per-CPU counts (the path of a thread
@@ -409,7 +435,7 @@ mod imp {
 #[cfg(scalemem_loom)]
 pub(super) use imp::force_counts;
 use imp::registry;
-pub(super) use imp::{mine, mine_registered, thread_token};
+pub(super) use imp::{light_slots, mine, mine_fast, thread_token};
 
 #[cfg(all(test, not(scalemem_loom)))]
 mod tests {
