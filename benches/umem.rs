@@ -14,10 +14,15 @@
 //! - `umem/burst`: 32 allocations then 32 frees per operation (the magazines of 15 rounds
 //!   exchange with the depot), same contenders.
 //! - `umem/expensive_ctor`: a typed cache of a 4 KiB-buffer struct against `Box::new`
-//!   constructing it every time (what the constructor caching saves).
+//!   constructing it every time (what the constructor caching saves), the box and its
+//!   buffer through glibc (`box_new`), jemalloc (`box_jemalloc`) and mimalloc
+//!   (`box_mimalloc`).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
+use std::ptr::NonNull;
+
+use allocator_api2::alloc::{AllocError, Allocator, Global};
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -116,20 +121,69 @@ fn burst(c: &mut Criterion) {
     group.finish();
 }
 
-/// An object worth caching: a pre-sized buffer and a computed table.
-struct Expensive {
-    buffer: Vec<u8>,
+/// An object worth caching: a pre-sized buffer and a computed table; the buffer comes
+/// from `A`.
+struct Expensive<A: Allocator = Global> {
+    buffer: allocator_api2::vec::Vec<u8, A>,
     table: [u32; 64],
 }
 
 impl Expensive {
     fn new() -> Self {
+        Self::new_in(Global)
+    }
+}
+
+impl<A: Allocator> Expensive<A> {
+    fn new_in(alloc: A) -> Self {
         let mut table = [0u32; 64];
         for (i, t) in table.iter_mut().enumerate() {
             *t = (i as u32).wrapping_mul(2_654_435_761).rotate_left(7);
         }
-        Self { buffer: Vec::with_capacity(4096), table }
+        Self { buffer: allocator_api2::vec::Vec::with_capacity_in(4096, alloc), table }
     }
+}
+
+/// A `GlobalAlloc` as an `allocator_api2` allocator, so that a box and the buffer inside
+/// it both come from that allocator (the bench's global allocator stays `System`).
+struct Via<A: 'static>(&'static A);
+
+impl<A> Clone for Via<A> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<A> Copy for Via<A> {}
+
+// SAFETY: blocks come from `A::alloc` with the layout asked for and go back to
+// `A::dealloc` with the same layout; zero-size requests get a dangling aligned pointer
+// and are never passed to `A`. Copies share the one `&'static A`.
+unsafe impl<A: GlobalAlloc> Allocator for Via<A> {
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        if layout.size() == 0 {
+            let dangling = NonNull::new(layout.align() as *mut u8).ok_or(AllocError)?;
+            return Ok(NonNull::slice_from_raw_parts(dangling, 0));
+        }
+        // SAFETY: a non-zero-size layout.
+        let p = unsafe { self.0.alloc(layout) };
+        NonNull::new(p).map(|p| NonNull::slice_from_raw_parts(p, layout.size())).ok_or(AllocError)
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        if layout.size() != 0 {
+            // SAFETY: the caller's contract: `ptr` came from `allocate` with `layout`.
+            unsafe { self.0.dealloc(ptr.as_ptr(), layout) }
+        }
+    }
+}
+
+/// `Box::new` of a freshly constructed object, box and buffer from `alloc`.
+fn box_in<A: Allocator + Copy>(alloc: A) {
+    let mut e = allocator_api2::boxed::Box::new_in(Expensive::new_in(alloc), alloc);
+    let byte = e.table[3] as u8;
+    e.buffer.push(byte);
+    black_box(&*e);
 }
 
 fn expensive_ctor(c: &mut Criterion) {
@@ -144,13 +198,14 @@ fn expensive_ctor(c: &mut Criterion) {
             black_box(&*e);
         })
     });
-    group.bench_function("box_new", |b| {
-        b.iter(|| {
-            let mut e = Box::new(Expensive::new());
-            e.buffer.push(e.table[3] as u8);
-            black_box(&*e);
-        })
-    });
+    group.bench_function("box_new", |b| b.iter(|| box_in(Global)));
+    #[cfg(not(any(scalemem_asan, scalemem_tsan, scalemem_loom)))]
+    {
+        static JEMALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+        static MIMALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+        group.bench_function("box_jemalloc", |b| b.iter(|| box_in(Via(&JEMALLOC))));
+        group.bench_function("box_mimalloc", |b| b.iter(|| box_in(Via(&MIMALLOC))));
+    }
     group.finish();
 }
 
