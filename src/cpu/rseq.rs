@@ -29,10 +29,11 @@
 //!               loads, and stores that are harmless if never committed
 //!               the commit: ONE store (or one `add` to memory)
 //! 5:  post_commit_ip
-//!               jmp 9                         -- the fast path jumps over the abort
+//! 9:  done                                    -- the fast path falls through
+//!
+//!     in section __rseq_failure (out of line, as librseq lays it out):
 //!     .byte 0x0f, 0xb9, 0x3d; .long 0x53053053 -- signature: abort_ip - 4 holds it
 //! 6:  abort_ip: jmp 2                         -- re-arm and start again
-//! 9:  done
 //! ```
 //!
 //! When the kernel is about to return to user space in a thread that was preempted,
@@ -258,11 +259,14 @@ mod x86_64 {
                 "add qword ptr [{word0} + {cpu}], {delta}",
                 "5:",
                 "mov {ok:e}, 1",
-                "jmp 9f",
+                // The abort handler, out of line (librseq's layout): the success path falls
+                // through, and the signature sits in the four bytes before it.
+                ".pushsection __rseq_failure, \"ax\"",
                 ".byte 0x0f, 0xb9, 0x3d",
                 ".long {signature}",
                 "6:",
                 "jmp 2b",
+                ".popsection",
                 "9:",
                 area = in(reg) area,
                 word0 = in(reg) word0,
@@ -367,11 +371,14 @@ mod x86_64 {
                 "mov qword ptr [{hdr}], {len}",
                 "5:",
                 "mov {ok:e}, 1",
-                "jmp 9f",
+                // The abort handler, out of line (librseq's layout): the success path falls
+                // through, and the signature sits in the four bytes before it.
+                ".pushsection __rseq_failure, \"ax\"",
                 ".byte 0x0f, 0xb9, 0x3d",
                 ".long {signature}",
                 "6:",
                 "jmp 2b",
+                ".popsection",
                 "9:",
                 area = in(reg) area,
                 header0 = in(reg) header0,
@@ -446,11 +453,14 @@ mod x86_64 {
                 // The commit.
                 "mov qword ptr [{hdr}], {len}",
                 "5:",
-                "jmp 9f",
+                // The abort handler, out of line (librseq's layout): the success path falls
+                // through, and the signature sits in the four bytes before it.
+                ".pushsection __rseq_failure, \"ax\"",
                 ".byte 0x0f, 0xb9, 0x3d",
                 ".long {signature}",
                 "6:",
                 "jmp 2b",
+                ".popsection",
                 "9:",
                 area = in(reg) area,
                 header0 = in(reg) header0,
@@ -656,11 +666,14 @@ mod x86_64_conditional {
                 "add qword ptr [{word0} + {cpu}], {delta}",
                 "5:",
                 "mov {ok:e}, 1",
-                "jmp 9f",
+                // The abort handler, out of line (librseq's layout): the success path falls
+                // through, and the signature sits in the four bytes before it.
+                ".pushsection __rseq_failure, \"ax\"",
                 ".byte 0x0f, 0xb9, 0x3d",
                 ".long {signature}",
                 "6:",
                 "jmp 2b",
+                ".popsection",
                 "9:",
                 area = in(reg) area,
                 flags = in(reg) flags,
@@ -750,11 +763,14 @@ mod x86_64_conditional {
                 "add qword ptr [{cpu}], {delta}",
                 "5:",
                 "mov {ok:e}, 1",
-                "jmp 9f",
+                // The abort handler, out of line (librseq's layout): the success path falls
+                // through, and the signature sits in the four bytes before it.
+                ".pushsection __rseq_failure, \"ax\"",
                 ".byte 0x0f, 0xb9, 0x3d",
                 ".long {signature}",
                 "6:",
                 "jmp 2b",
+                ".popsection",
                 "9:",
                 area = in(reg) area,
                 block = in(reg) block,
@@ -893,11 +909,14 @@ mod x86_64_conditional {
                 "add qword ptr [{blk} + {key_off} + 8], {delta}",
                 "5:",
                 "mov {ok:e}, 1",
-                "jmp 9f",
+                // The abort handler, out of line (librseq's layout): the success path falls
+                // through, and the signature sits in the four bytes before it.
+                ".pushsection __rseq_failure, \"ax\"",
                 ".byte 0x0f, 0xb9, 0x3d",
                 ".long {signature}",
                 "6:",
                 "jmp 2b",
+                ".popsection",
                 "9:",
                 area = in(reg) area,
                 base_word = in(reg) base_word,
@@ -980,11 +999,14 @@ mod x86_64_conditional {
                 "mov qword ptr [{base} + {off}], {token}",
                 "5:",
                 "mov {locked}, {cpu}",
-                "jmp 9f",
+                // The abort handler, out of line (librseq's layout): the success path falls
+                // through, and the signature sits in the four bytes before it.
+                ".pushsection __rseq_failure, \"ax\"",
                 ".byte 0x0f, 0xb9, 0x3d",
                 ".long {signature}",
                 "6:",
                 "jmp 2b",
+                ".popsection",
                 "9:",
                 area = in(reg) area,
                 base = in(reg) base,
@@ -1308,11 +1330,14 @@ mod x86_64_magazine {
                 // The commit.
                 "mov qword ptr [{slot} + {state}], {st}",
                 "5:",
-                "jmp 9f",
+                // The abort handler, out of line (librseq's layout): the success path falls
+                // through, and the signature sits in the four bytes before it.
+                ".pushsection __rseq_failure, \"ax\"",
                 ".byte 0x0f, 0xb9, 0x3d",
                 ".long {signature}",
                 "6:",
                 "jmp 2b",
+                ".popsection",
                 "9:",
                 area = in(reg) area,
                 base = in(reg) base,
@@ -1395,11 +1420,14 @@ mod x86_64_magazine {
                 // The commit.
                 "mov qword ptr [{slot} + {state}], {st}",
                 "5:",
-                "jmp 9f",
+                // The abort handler, out of line (librseq's layout): the success path falls
+                // through, and the signature sits in the four bytes before it.
+                ".pushsection __rseq_failure, \"ax\"",
                 ".byte 0x0f, 0xb9, 0x3d",
                 ".long {signature}",
                 "6:",
                 "jmp 2b",
+                ".popsection",
                 "9:",
                 area = in(reg) area,
                 base = in(reg) base,
@@ -1500,11 +1528,14 @@ mod x86_64_magazine {
                 // The commit.
                 "mov qword ptr [{slot} + {state}], {new}",
                 "5:",
-                "jmp 9f",
+                // The abort handler, out of line (librseq's layout): the success path falls
+                // through, and the signature sits in the four bytes before it.
+                ".pushsection __rseq_failure, \"ax\"",
                 ".byte 0x0f, 0xb9, 0x3d",
                 ".long {signature}",
                 "6:",
                 "jmp 2b",
+                ".popsection",
                 "9:",
                 area = in(reg) area,
                 base = in(reg) base,
