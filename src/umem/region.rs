@@ -60,7 +60,8 @@
 //!   while we look, which is the condition `try_revive` asks for.
 //! - **Release** ([`RcRelease::release`], on the thread that ticks the Refcache): takes
 //!   the manager's lock and unlinks the region. If fewer than the builder's `retain`
-//!   regions are retained, the pages past the header are given back with
+//!   regions are retained, the pages past the header and below its touched mark (the
+//!   only ones written since its pages last went back) are given back with
 //!   `madvise(MADV_DONTNEED)` and the region joins the retained list (mapped, not
 //!   counted); otherwise it is unregistered and unmapped.
 //! - **Reuse of a retained region**: when no active region has room, a retained one is
@@ -309,7 +310,10 @@ struct Inner {
 pub struct RegionStats {
     /// Bytes of regions mapped now (active and retained regions).
     pub mapped_bytes: usize,
-    /// Bytes given back to the kernel with `madvise(MADV_DONTNEED)` so far.
+    /// Bytes given back to the kernel with `madvise(MADV_DONTNEED)` so far: free
+    /// stretches below a region's touched mark (by [`Regions::purge`], and by a release
+    /// that retains the region). Pages a purge gave back and that stayed free are given,
+    /// and counted, again if their region is later released and retained.
     pub returned_bytes: usize,
     /// Bytes unmapped so far.
     pub unmapped_bytes: usize,
@@ -960,12 +964,16 @@ impl Inner {
             stats.releases.fetch_add(1, Ordering::Relaxed);
             if s.retained.len < s.retain_limit {
                 let body = HEADER_PAGES * PAGE;
+                // Pages from the touched mark on were not written since the region's
+                // pages last went back (or ever): only the stretch below it can be
+                // resident, so only it is given back, and counted. (A stretch below the
+                // mark that a purge already gave back is given, and counted, again.)
+                let end = locked.touched * PAGE;
                 // SAFETY: the pages past the header hold no runs (count zero), are
                 // page-aligned (PAGE is a multiple of the kernel's page on x86_64) and
-                // inside the region's mapping.
-                let ok = unsafe { os::dontneed(NonNull::new_unchecked((r as *mut u8).add(body)), REGION_SIZE - body) };
-                if ok {
-                    stats.returned.fetch_add(REGION_SIZE - body, Ordering::Relaxed);
+                // inside the region's mapping (`touched <= PAGES`).
+                if end > body && unsafe { os::dontneed(NonNull::new_unchecked((r as *mut u8).add(body)), end - body) } {
+                    stats.returned.fetch_add(end - body, Ordering::Relaxed);
                 }
                 locked.dying = false;
                 locked.dirty = 0;
