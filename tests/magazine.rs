@@ -266,6 +266,58 @@ fn grows_at_once_when_contended_since_the_last_check() {
     }
 }
 
+/// One thread, no contention: bursts larger than a CPU's two magazines trade magazines
+/// with the depot, and `grow_if_exchanging` grows them a step per call while that goes
+/// on, up to the caller's bound, and not without new exchanges.
+#[test]
+fn grows_at_once_when_exchanging_since_the_last_check() {
+    let config = Config { initial_rounds: 3, min_rounds: 1, max_rounds: 143, grow_contention: 2, shrink_idle: 2 };
+    for caches in both_modes(config) {
+        pinned(|| {
+            let mut sunk = Vec::new();
+            let mut next = 0;
+            // 20 allocations then 20 frees: past 2 x 3 rounds, so each burst exchanges.
+            let mut burst = |caches: &CpuCaches, sunk: &mut Vec<usize>| {
+                let mut hand: Vec<NonNull<u8>> = (0..20)
+                    .map(|_| {
+                        caches.alloc().unwrap_or_else(|| {
+                            next += 1;
+                            token(0, next)
+                        })
+                    })
+                    .collect();
+                for p in hand.drain(..) {
+                    if let Err(p) = caches.free(p) {
+                        sunk.push(p.as_ptr().addr());
+                    }
+                }
+            };
+            assert!(!caches.grow_if_exchanging(0, 143, |_| unreachable!()), "grew without an exchange");
+            for _ in 0..4 {
+                burst(&caches, &mut sunk);
+            }
+            let exchanged = caches.stats().exchanges;
+            assert!(exchanged >= 4, "bursts of 20 on 3-round magazines made {exchanged} exchanges");
+            // More exchanges than the threshold, but the next step (7) past the bound: no.
+            assert!(!caches.grow_if_exchanging(0, 6, |_| unreachable!()), "grew past the bound");
+            burst(&caches, &mut sunk);
+            assert!(caches.grow_if_exchanging(0, 143, |p| sunk.push(p.as_ptr().addr())));
+            // One ladder step, applied at once (a drain), and no contention needed.
+            let stats = caches.stats();
+            assert_eq!((stats.magazine_size, stats.resizes, stats.cpu_rounds, stats.contention), (7, 1, 0, 0));
+            assert!(!caches.grow_if_exchanging(0, 143, |_| unreachable!()), "grew again without new exchanges");
+            // A threshold above what happened since: no growth.
+            burst(&caches, &mut sunk);
+            assert!(!caches.grow_if_exchanging(1_000, 143, |_| unreachable!()), "grew below the threshold");
+            caches.drain(|p| sunk.push(p.as_ptr().addr()));
+            let n = sunk.len();
+            sunk.sort_unstable();
+            sunk.dedup();
+            assert_eq!(sunk.len(), n, "a round came out twice");
+        });
+    }
+}
+
 /// Per-worker operation cap.
 fn ops_per_thread() -> usize {
     if cfg!(debug_assertions) { 200_000 } else { 2_000_000 }

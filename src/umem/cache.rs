@@ -751,14 +751,17 @@ impl ObjectCache {
         self.inner().update()
     }
 
-    /// [`CpuCaches::grow_if_contended`] for this cache's magazines (drained rounds leave
-    /// the cache); nothing for a destroyed cache or one in checking mode.
-    pub(crate) fn grow_if_contended(&self, failures: usize) -> bool {
+    /// [`CpuCaches::grow_if_contended`], then [`CpuCaches::grow_if_exchanging`] with
+    /// magazines of at most `max_bytes` of objects, for this cache's magazines (drained
+    /// rounds leave the cache): at most one step per call. Nothing for a destroyed cache
+    /// or one in checking mode.
+    pub(crate) fn grow_if_busy(&self, failures: usize, exchanges: usize, max_bytes: usize) -> bool {
         let inner = self.inner();
         if inner.checking || inner.is_dead() {
             return false;
         }
         inner.cpu.grow_if_contended(failures, inner.sink())
+            || inner.cpu.grow_if_exchanging(exchanges, max_bytes / inner.size.max(1), inner.sink())
     }
 
     /// Counters (see [`CacheStats`]).

@@ -91,6 +91,11 @@
 //! rule at once, for a caller that checks every few milliseconds (umem's global heap
 //! does on every 10 ms maintenance tick): magazines too small for a workload's bursts
 //! show as depot contention within a tick, long before an interval ends.
+//! [`grow_if_exchanging`](CpuCaches::grow_if_exchanging) grows them on the rate of
+//! exchanges with the depot instead, contended or not, up to a bound the caller gives
+//! (the global heap: about 1 MiB of objects per magazine): one thread whose bursts
+//! exceed its CPU's two magazines never contends, but trades magazines with the depot
+//! all the time (tcmalloc and jemalloc size their caches on such misses too).
 
 use core::ptr::{NonNull, null_mut};
 
@@ -175,6 +180,9 @@ pub struct Stats {
     pub magazine_size: usize,
     /// Failed depot CAS attempts since creation.
     pub contention: usize,
+    /// Magazines the CPUs installed from the depot since creation (a full one taken for
+    /// an empty one, or an empty one for a full one).
+    pub exchanges: usize,
     /// Resizes since creation.
     pub resizes: usize,
 }
@@ -438,6 +446,8 @@ pub struct CpuCaches {
     last_contention: AtomicUsize,
     /// The depot contention at the last [`grow_if_contended`](CpuCaches::grow_if_contended).
     tick_contention: AtomicUsize,
+    /// The depot exchanges at the last [`grow_if_exchanging`](CpuCaches::grow_if_exchanging).
+    tick_exchanges: AtomicUsize,
     resizes: AtomicUsize,
 }
 
@@ -505,6 +515,7 @@ impl CpuCaches {
             reconfig: AtomicBool::new(false),
             last_contention: AtomicUsize::new(0),
             tick_contention: AtomicUsize::new(0),
+            tick_exchanges: AtomicUsize::new(0),
             resizes: AtomicUsize::new(0),
         })
     }
@@ -714,6 +725,7 @@ impl CpuCaches {
                     let cap = unsafe { Magazine::cap(full) };
                     match self.exchange(cpu, state, state.installed(cap, cap), full.as_ptr()) {
                         Some(evicted) => {
+                            self.depot.count_exchange();
                             if state.prev_cap() > 0 {
                                 debug_assert_eq!(state.prev_rounds(), 0);
                                 if let Some(evicted) = NonNull::new(evicted) {
@@ -766,6 +778,7 @@ impl CpuCaches {
                     let cap = unsafe { Magazine::cap(empty) };
                     match self.exchange(cpu, state, state.installed(0, cap), empty.as_ptr()) {
                         Some(evicted) => {
+                            self.depot.count_exchange();
                             if state.prev_cap() > 0 {
                                 debug_assert_eq!(state.prev_rounds(), state.prev_cap());
                                 if let Some(evicted) = NonNull::new(evicted) {
@@ -822,6 +835,7 @@ impl CpuCaches {
             depot_empty,
             magazine_size: self.magazine_size(),
             contention: self.depot.contention(),
+            exchanges: self.depot.exchanges(),
             // Relaxed: a statistic.
             resizes: self.resizes.load(Ordering::Relaxed),
         }
@@ -972,6 +986,38 @@ impl CpuCaches {
         let size = self.magazine_size();
         let target = LADDER.iter().copied().find(|&r| r > size).unwrap_or(size).min(self.config.max_rounds);
         if target <= size {
+            return false;
+        }
+        self.reconfigure(Some(target), &mut sink);
+        true
+    }
+
+    /// Grows the magazines one step of the ladder now, to at most `max_rounds`, if the
+    /// CPUs installed more than `exchanges` magazines from the depot since the last call,
+    /// contended or not: their loaded and previous magazines are too small for the
+    /// bursts they see (one thread alone that allocates a hundred blocks and frees them
+    /// never contends, but trades a magazine with the depot every few dozen
+    /// operations). The caller's `max_rounds` bounds what the rule may cost in cached
+    /// memory (umem's global heap: about 1 MiB of objects per magazine); the contention
+    /// rule keeps its own bound, [`Config::max_rounds`], which also bounds this one.
+    /// Shrinking stays with [`update`](Self::update). Returns whether it grew.
+    ///
+    /// ```
+    /// let caches = scalemem::umem::cpu_cache::CpuCaches::new(Default::default()).unwrap();
+    /// assert!(!caches.grow_if_exchanging(0, 143, |_| {})); // no exchange yet
+    /// ```
+    pub fn grow_if_exchanging(&self, exchanges: usize, max_rounds: usize, mut sink: impl FnMut(NonNull<u8>)) -> bool {
+        let seen = self.depot.exchanges();
+        // Relaxed: a statistic; concurrent callers at worst both see one delta.
+        let last = self.tick_exchanges.load(Ordering::Relaxed);
+        if seen.wrapping_sub(last) <= exchanges {
+            return false;
+        }
+        self.tick_exchanges.store(seen, Ordering::Relaxed);
+        let size = self.magazine_size();
+        let bound = max_rounds.min(self.config.max_rounds);
+        let target = LADDER.iter().copied().find(|&r| r > size).unwrap_or(size);
+        if target > bound {
             return false;
         }
         self.reconfigure(Some(target), &mut sink);

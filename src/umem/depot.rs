@@ -222,11 +222,31 @@ pub(crate) struct Depot {
     pub(crate) empty: MagList,
     /// Failed CAS attempts on either list, ever.
     contention: AtomicUsize,
+    /// Magazines CPUs took from the depot in exchange for one of theirs, ever.
+    exchanges: AtomicUsize,
 }
 
 impl Depot {
     pub(crate) fn new() -> Self {
-        Self { full: MagList::new(), empty: MagList::new(), contention: AtomicUsize::new(0) }
+        Self {
+            full: MagList::new(),
+            empty: MagList::new(),
+            contention: AtomicUsize::new(0),
+            exchanges: AtomicUsize::new(0),
+        }
+    }
+
+    /// Counts one magazine a CPU installed from the depot (a full one for an empty, an
+    /// empty one for a full).
+    pub(crate) fn count_exchange(&self) {
+        // Relaxed: a statistic read by `CpuCaches::grow_if_exchanging`.
+        self.exchanges.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Magazines installed from the depot so far.
+    pub(crate) fn exchanges(&self) -> usize {
+        // Relaxed: a statistic.
+        self.exchanges.load(Ordering::Relaxed)
     }
 
     #[inline]

@@ -402,6 +402,15 @@ const TICK_NS: u64 = 10_000_000;
 /// Failed depot CAS attempts (or retried pops) in one maintenance tick past which a
 /// class's magazines grow a step at once (`CpuCaches::grow_if_contended`).
 const GROW_FAILURES: usize = 32;
+/// Magazines installed from the depot in one maintenance tick past which a class's
+/// magazines grow a step at once, contended or not (`CpuCaches::grow_if_exchanging`):
+/// 64 in 10 ms is a CPU trading a magazine every 150 us.
+const GROW_EXCHANGES: usize = 64;
+/// The most a magazine may hold, in bytes of objects, for the exchange rule: up to 1
+/// MiB per magazine (a CPU then caches up to 2 MiB of a class in its two), so 4 KiB
+/// blocks may reach the ladder's 143 rounds, 16 KiB ones 63, and 64 KiB ones stay at
+/// 15 (only contention grows those).
+const GROW_MAX_BYTES: usize = 1 << 20;
 /// How often each cache's working set is updated (libumem's reap interval).
 const UPDATE_NS: u64 = 1_000_000_000;
 
@@ -725,10 +734,11 @@ impl Heap {
             // 100 times a second.
             let _ = self.regions.tick_if_busy();
         }
-        // Magazines too small for the traffic show as depot contention: grow them within
-        // a tick, not a working-set interval (one load per cache when there is none).
+        // Magazines too small for the traffic show as depot contention, or as a stream
+        // of exchanges with the depot: grow them within a tick, not a working-set
+        // interval (two loads per cache when there is neither).
         for cache in self.made() {
-            cache.grow_if_contended(GROW_FAILURES);
+            cache.grow_if_busy(GROW_FAILURES, GROW_EXCHANGES, GROW_MAX_BYTES);
         }
         if force || now >= self.next_update.load(Ordering::Relaxed) {
             self.next_update.store(now + UPDATE_NS, Ordering::Relaxed);
