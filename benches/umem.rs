@@ -170,6 +170,8 @@ unsafe impl<A: GlobalAlloc> Allocator for Via<A> {
         NonNull::new(p).map(|p| NonNull::slice_from_raw_parts(p, layout.size())).ok_or(AllocError)
     }
 
+    // SAFETY (the caller's, `Allocator::deallocate`'s contract): `ptr` came from
+    // `allocate` on this allocator with `layout`, and is freed once.
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
         if layout.size() != 0 {
             // SAFETY: the caller's contract: `ptr` came from `allocate` with `layout`.

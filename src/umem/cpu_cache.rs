@@ -113,6 +113,22 @@ use crate::util::{AllocError, Backoff};
 /// libumem's magazine sizes.
 const LADDER: [usize; 9] = [1, 3, 7, 15, 31, 47, 63, 95, 143];
 
+/// The ladder's next size above `size` (`size` itself past the top).
+fn ladder_up(size: usize) -> usize {
+    LADDER.iter().copied().find(|&r| r > size).unwrap_or(size)
+}
+
+/// Whether the monotone counter now at `now` moved more than `threshold` since the value
+/// `last` holds; if so, records `now` there (the next check measures from it).
+fn moved_past(last: &AtomicUsize, now: usize, threshold: usize) -> bool {
+    // Relaxed: a statistic; concurrent callers at worst both see one delta.
+    if now.wrapping_sub(last.load(Ordering::Relaxed)) <= threshold {
+        return false;
+    }
+    last.store(now, Ordering::Relaxed);
+    true
+}
+
 /// Stop word values. `FREE`: the fast path may run. `LOCKED`: a locked-mode operation
 /// holds the slot. `STOPPED`: a reconfiguration owns the slot.
 const FREE: usize = 0;
@@ -950,7 +966,7 @@ impl CpuCaches {
         let size = self.magazine_size();
         let (idle_full, idle_empty) = self.depot.reapable();
         let target = if delta > self.config.grow_contention {
-            LADDER.iter().copied().find(|&r| r > size).unwrap_or(size).min(self.config.max_rounds)
+            ladder_up(size).min(self.config.max_rounds)
         } else if delta == 0 && idle_full + idle_empty >= self.config.shrink_idle {
             LADDER.iter().rev().copied().find(|&r| r < size).unwrap_or(size).max(self.config.min_rounds)
         } else {
@@ -976,15 +992,11 @@ impl CpuCaches {
     /// assert!(!caches.grow_if_contended(0, |_| {})); // no contention yet
     /// ```
     pub fn grow_if_contended(&self, failures: usize, mut sink: impl FnMut(NonNull<u8>)) -> bool {
-        let contention = self.depot.contention();
-        // Relaxed: a statistic; concurrent callers at worst both see one delta.
-        let last = self.tick_contention.load(Ordering::Relaxed);
-        if contention.wrapping_sub(last) <= failures {
+        if !moved_past(&self.tick_contention, self.depot.contention(), failures) {
             return false;
         }
-        self.tick_contention.store(contention, Ordering::Relaxed);
         let size = self.magazine_size();
-        let target = LADDER.iter().copied().find(|&r| r > size).unwrap_or(size).min(self.config.max_rounds);
+        let target = ladder_up(size).min(self.config.max_rounds);
         if target <= size {
             return false;
         }
@@ -1007,17 +1019,11 @@ impl CpuCaches {
     /// assert!(!caches.grow_if_exchanging(0, 143, |_| {})); // no exchange yet
     /// ```
     pub fn grow_if_exchanging(&self, exchanges: usize, max_rounds: usize, mut sink: impl FnMut(NonNull<u8>)) -> bool {
-        let seen = self.depot.exchanges();
-        // Relaxed: a statistic; concurrent callers at worst both see one delta.
-        let last = self.tick_exchanges.load(Ordering::Relaxed);
-        if seen.wrapping_sub(last) <= exchanges {
+        if !moved_past(&self.tick_exchanges, self.depot.exchanges(), exchanges) {
             return false;
         }
-        self.tick_exchanges.store(seen, Ordering::Relaxed);
-        let size = self.magazine_size();
-        let bound = max_rounds.min(self.config.max_rounds);
-        let target = LADDER.iter().copied().find(|&r| r > size).unwrap_or(size);
-        if target > bound {
+        let target = ladder_up(self.magazine_size());
+        if target > max_rounds.min(self.config.max_rounds) {
             return false;
         }
         self.reconfigure(Some(target), &mut sink);
