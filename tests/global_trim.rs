@@ -48,6 +48,7 @@ fn freed_blocks_leave_the_resident_set_at_once() {
     live.wait();
     freed.wait();
     let after = rss();
+    let stats = global::stats();
     for h in handles {
         h.join().unwrap();
     }
@@ -63,7 +64,7 @@ fn freed_blocks_leave_the_resident_set_at_once() {
     // keeps all 32 MiB until the working-set interval and the decay.
     assert!(
         at_peak - after >= total * 3 / 4,
-        "only {} KiB of {} KiB left the resident set",
+        "only {} KiB of {} KiB left the resident set: {stats:?}",
         (at_peak - after) >> 10,
         total >> 10
     );

@@ -172,6 +172,36 @@ fn a_premature_trim_raises_the_threshold_which_decays_back() {
 }
 
 #[test]
+fn a_trimming_cache_purges_what_its_intervals_drain() {
+    // Under the threshold (1 MiB of 4 MiB): no free trims. The working-set intervals then
+    // reap the idle depot and the decay drains the rest; in a trimming cache the pages
+    // of the slabs they empty go back at once, not when their regions are released.
+    const N: usize = 256;
+    let f = fixture(config(Some(4 << 20), 4));
+    f.cycle(N);
+    assert_eq!((f.stats().trims, f.regions.stats().returned_bytes), (0, 0));
+    for _ in 0..8 {
+        f.cache.update();
+    }
+    let s = f.stats();
+    assert_eq!(s.constructed, 0, "the decay drained everything: {s:?}");
+    let returned = f.regions.stats().returned_bytes;
+    // (A purge skips a region with fewer than 64 pages freed since its last one.)
+    assert!(returned >= (N - 64) * SIZE, "only {returned} bytes given back: {:?}", f.regions.stats());
+    f.cache.assert_valid();
+    f.regions.assert_valid();
+
+    // The control: a cache without the trim leaves the pages to the regions' release.
+    let g = fixture(config(None, 4));
+    g.cycle(N);
+    for _ in 0..8 {
+        g.cache.update();
+    }
+    assert_eq!(g.stats().constructed, 0);
+    assert_eq!(g.regions.stats().returned_bytes, 0);
+}
+
+#[test]
 fn sixteen_threads_trim_allocate_and_free_at_once() {
     const THREADS: usize = 16;
     const ROUNDS: usize = 40;
@@ -204,6 +234,9 @@ fn sixteen_threads_trim_allocate_and_free_at_once() {
     let s = f.stats();
     assert_eq!(s.in_use, 0, "{s:?}");
     assert!(s.trims > 0, "{s:?}");
+    // No request is lost to a trimmer busy elsewhere: once the last free has returned,
+    // the depot is within the threshold (as premature trims have raised it).
+    assert!(f.depot_bytes() <= s.trim_threshold, "the depot kept {} bytes: {s:?}", f.depot_bytes());
     assert_eq!(f.ctors.load(Relaxed) - f.dtors.load(Relaxed), s.constructed, "{s:?}");
     f.cache.assert_valid();
     f.regions.assert_valid();

@@ -1,5 +1,5 @@
 //! loom models of umem's object cache: `destroy` racing with an alloc/free pair on
-//! another thread. Magazines of 2 rounds on loom's 2 CPUs, locked mode (the only mode
+//! another thread, and two threads' free-time trims (no request lost). Magazines of 2 rounds on loom's 2 CPUs, locked mode (the only mode
 //! under loom), a manual Refcache. No object may be lost (every constructed object is
 //! destructed once, the slab layer ends empty), the teardown runs exactly once, and an
 //! allocation that starts after `destroy` returned fails.
@@ -10,7 +10,9 @@
 //!
 //! A mutation check: with the drain in `settle` removed (the operation that sees the
 //! cache dead no longer drains), `destroy_races_alloc_free` fails (a round stranded in a
-//! magazine: no teardown).
+//! magazine: no teardown). With the trim's request protocol cut back to a plain
+//! try-lock (the trimmer lets go after one round), `a_trim_request_is_not_lost_to_a_busy_trimmer`
+//! fails (a full magazine left in the depot).
 #![cfg(scalemem_loom)]
 
 use std::ptr::NonNull;
@@ -156,6 +158,59 @@ fn destroy_races_free_depot_exchange() {
         cache.destroy();
         assert_eq!(cache.alloc(), Err(CacheError::Destroyed));
         t.join().unwrap();
+        finish(regions, cache, ctors, dtors);
+    });
+}
+
+/// The free-time trim loses no request (`cache.rs`, `Trim::state`). The threshold is
+/// under one magazine, so every full magazine pushed into the depot asks for a trim, and
+/// a trim empties the depot. Main (CPU 0) and thread 1 (CPU 1) each fill their two
+/// magazines and push a third round, which sends a full magazine to the depot; if one
+/// thread's push lands while the other is trimming, the trimmer must run another round
+/// for it. Once both have returned, no full magazine may be left in the depot. (With the
+/// trim a plain try-lock, the push that found it taken was never trimmed: this model
+/// failed.)
+#[test]
+fn a_trim_request_is_not_lost_to_a_busy_trimmer() {
+    run_model_long("object cache: a free's trim request while another thread trims", BRANCHES, || {
+        let regions: &'static Regions =
+            Box::leak(Box::new(Regions::builder().refcache(RefcacheConfig::manual()).retain(1).build().unwrap()));
+        let ctors = std::sync::Arc::new(AtomicUsize::new(0));
+        let dtors = std::sync::Arc::new(AtomicUsize::new(0));
+        let (c, d) = (ctors.clone(), dtors.clone());
+        let config = Config { magazines: TINY, reaper: false, trim_threshold: Some(64), ..Config::default() };
+        let cache = ObjectCache::builder("loom-trim", 64, 8)
+            .ctor(Box::new(move |_| {
+                c.fetch_add(1, Relaxed);
+                Ok(())
+            }))
+            .dtor(Box::new(move |_| {
+                d.fetch_add(1, Relaxed);
+            }))
+            .regions(regions)
+            .config(config)
+            .build()
+            .unwrap();
+        let cache = Arc::new(cache);
+        let objects: Vec<usize> = (0..10).map(|_| cache.alloc().unwrap().as_ptr() as usize).collect();
+        let (mine, theirs) = objects.split_at(5);
+        let theirs = theirs.to_vec();
+        let other = Arc::clone(&cache);
+        let t = thread::spawn(move || {
+            for &addr in &theirs {
+                // SAFETY: from this cache, freed once (this thread owns them now).
+                unsafe { other.free(NonNull::new(addr as *mut u8).unwrap()) }.unwrap();
+            }
+        });
+        for &addr in mine {
+            // SAFETY: from this cache, freed once.
+            unsafe { cache.free(NonNull::new(addr as *mut u8).unwrap()) }.unwrap();
+        }
+        t.join().unwrap();
+        let stats = cache.stats();
+        assert_eq!(stats.depot_full, 0, "a trim request was lost: {stats:?}");
+        assert!(stats.trims >= 1, "{stats:?}");
+        cache.destroy();
         finish(regions, cache, ctors, dtors);
     });
 }

@@ -86,15 +86,18 @@
 //! - **Free-time trim** (opt-in, [`Config::trim_threshold`]; on in umem's global heap):
 //!   a free that went past the loaded magazine (so it may have pushed a full magazine
 //!   into the depot) compares the depot's full magazines, in bytes of objects, with the
-//!   threshold. Past it, that thread (one at a time: a try-lock; the others go on)
-//!   empties full magazines into the slab layer at once until half the threshold is
+//!   threshold. Past it, that thread (one at a time: a try-lock; the others leave a
+//!   request that the trimming thread serves with another round before it lets go, so
+//!   none is lost) empties full magazines into the slab layer at once until half the threshold is
 //!   left (a batch per trim, not a magazine per push; destructors run;
 //!   the magazines stay in the depot, empty: [`CpuCaches::trim_depot`]), and then
 //!   [`Regions::purge`] gives the pages of the slabs that went back to the kernel. The
 //!   fast paths are not stopped and no fence is issued. This is glibc's trim at free
 //!   time (`M_TRIM_THRESHOLD`) for a heap that has just freed much more than it keeps
 //!   using: its resident set drops when the frees happen, not a working-set interval
-//!   later. **Adaptive**: if a trim finds that since the previous one (in the same or
+//!   later. The other ways rounds leave a trimming cache (a magazine resize, which
+//!   drains the depot; the working-set reap; the decay) purge the same way after
+//!   their drain. **Adaptive**: if a trim finds that since the previous one (in the same or
 //!   the previous interval) the slab layer had to make slabs again, the previous trim
 //!   was premature: the threshold becomes twice the old threshold plus what that trim
 //!   gave back, so a program that frees and re-allocates a large working set pays the
@@ -365,15 +368,29 @@ const PURGE_DIRTY_PAGES: usize = 64;
 /// The adaptive threshold's ceiling (1 TiB: in effect, no trim).
 const TRIM_MAX: usize = 1 << 40;
 
-/// The free-time trim's state (module documentation, "Free-time trim"). Every field is a
-/// hint read and written with Relaxed atomics; `busy` serialises the trimmers.
+/// `Trim::state`: a thread is trimming.
+const TRIM_BUSY: usize = 1;
+/// `Trim::state`: a free asked for a trim since the trimming thread's round began.
+const TRIM_AGAIN: usize = 2;
+
+/// The free-time trim's state (module documentation, "Free-time trim"). Every field but
+/// `state` is a hint read and written with Relaxed atomics, serialised by `state`.
+///
+/// `state` is a try-lock that loses no request: a free past the threshold sets
+/// `TRIM_BUSY | TRIM_AGAIN` with one read-modify-write. If `TRIM_BUSY` was clear, that
+/// free trims: each round first clears `TRIM_AGAIN`, then trims, and the trimmer leaves
+/// only with a compare-exchange from exactly `TRIM_BUSY` to 0, so a request that landed
+/// during a round (after its clear) makes it run another. A plain try-lock lost them:
+/// while one thread trimmed (and purged, which takes a while), the others' frees found
+/// it taken and went on, and if they had all finished by the time it let go, the depot
+/// stayed far past the threshold until the next interval.
 struct Trim {
     /// The configured threshold: where the adaptive one starts and decays back to.
     floor: usize,
     /// Bytes of full depot magazines past which a free trims.
     threshold: AtomicUsize,
-    /// One trimmer at a time (a try-lock: a free that finds it taken goes on).
-    busy: AtomicBool,
+    /// `TRIM_BUSY` and `TRIM_AGAIN` (above).
+    state: AtomicUsize,
     /// `Inner::updates` at the last trim (`NEVER`: none yet).
     at: AtomicUsize,
     /// The slab layer's `slabs_created` right after the last trim.
@@ -390,7 +407,7 @@ impl Trim {
         Self {
             floor,
             threshold: AtomicUsize::new(floor),
-            busy: AtomicBool::new(false),
+            state: AtomicUsize::new(0),
             at: AtomicUsize::new(NEVER),
             created: AtomicUsize::new(0),
             bytes: AtomicUsize::new(0),
@@ -760,8 +777,12 @@ impl ObjectCache {
         if inner.checking || inner.is_dead() {
             return false;
         }
-        inner.cpu.grow_if_contended(failures, inner.sink())
-            || inner.cpu.grow_if_exchanging(exchanges, max_bytes / inner.size.max(1), inner.sink())
+        let grew = inner.cpu.grow_if_contended(failures, inner.sink())
+            || inner.cpu.grow_if_exchanging(exchanges, max_bytes / inner.size.max(1), inner.sink());
+        if grew {
+            inner.purge_if_trimming();
+        }
+        grew
     }
 
     /// Counters (see [`CacheStats`]).
@@ -815,7 +836,7 @@ impl ObjectCache {
         if let Some(trim) = &self.inner().trim {
             // A trimmer that vanished with the fork must not keep the child from trimming.
             // Relaxed: no other thread runs yet.
-            trim.busy.store(false, Ordering::Relaxed);
+            trim.state.store(0, Ordering::Relaxed);
         }
     }
 
@@ -1006,19 +1027,54 @@ impl Inner {
         }
     }
 
+    /// A cache with a free-time trim gives back at once the pages of slabs that a drain
+    /// (a magazine resize, a reap, the decay) just sent to the slab layer, as the trim
+    /// does for its own: a resize drains the whole depot, and without this its pages
+    /// would stay resident until their regions emptied and were released, however far
+    /// under the trim threshold the cache then was.
+    fn purge_if_trimming(&self) {
+        if self.trim.is_some() {
+            self.regions.purge(PURGE_DIRTY_PAGES);
+        }
+    }
+
     /// The free-time trim (module documentation): full depot magazines past the
     /// threshold go to the slab layer, then the regions give the freed pages back.
     #[cold]
     #[inline(never)]
     fn trim_now(&self, trim: &Trim) {
-        // Acquire: pairs with the Release store that ends the previous trim (its fields).
-        if self.is_dead() || trim.busy.swap(true, Ordering::Acquire) {
+        if self.is_dead() {
             return;
         }
-        // Relaxed (every field): hints, serialised by `busy`.
+        // AcqRel. Release: this free's push into the depot is seen by the round that
+        // serves the request (its Acquire clear, or the leaving compare-exchange, reads
+        // this write or a later one of the same RMW chain). Acquire: pairs with the
+        // Release that ended the previous trimmer's rounds (the hint fields).
+        if trim.state.fetch_or(TRIM_BUSY | TRIM_AGAIN, Ordering::AcqRel) & TRIM_BUSY != 0 {
+            return; // the trimmer runs another round for us
+        }
+        loop {
+            // Acquire: pairs with the requests' Release (their pushes).
+            trim.state.fetch_and(!TRIM_AGAIN, Ordering::Acquire);
+            self.trim_round(trim);
+            // Release: pairs with the next trimmer's Acquire (the hint fields). On
+            // failure a request came in during the round: another round.
+            if trim.state.compare_exchange(TRIM_BUSY, 0, Ordering::Release, Ordering::Relaxed).is_ok() {
+                return;
+            }
+        }
+    }
+
+    /// One round of the trim (the caller holds `Trim::state`'s `TRIM_BUSY`): nothing if
+    /// the depot is no longer past the threshold (an earlier round served the request).
+    fn trim_round(&self, trim: &Trim) {
+        // Relaxed (every field): hints, serialised by `Trim::state`.
+        let mut threshold = trim.threshold.load(Ordering::Relaxed);
+        if self.cpu.depot_full() * self.cpu.magazine_size() * self.size <= threshold {
+            return;
+        }
         let now = self.updates.load(Ordering::Relaxed);
         let at = trim.at.load(Ordering::Relaxed);
-        let mut threshold = trim.threshold.load(Ordering::Relaxed);
         // Slabs made since the last trim, if it was in this interval or the one before.
         let made_since = (at != NEVER && now.wrapping_sub(at) <= 1)
             .then(|| self.shared.slab.stats().slabs_created)
@@ -1045,8 +1101,6 @@ impl Inner {
             trim.bytes.store(rounds * self.size, Ordering::Relaxed);
             trim.trims.fetch_add(1, Ordering::Relaxed);
         }
-        // Release: pairs with the Acquire swap above.
-        trim.busy.store(false, Ordering::Release);
     }
 
     /// # Safety
@@ -1203,6 +1257,9 @@ impl Inner {
         // the decay's drain at once (an idle cache may see no further update that
         // matters).
         super::magazine::trim(decayed);
+        if count > 0 {
+            self.purge_if_trimming();
+        }
         // Re-read the misses: this update's reap and the decay's drain are not traffic.
         // (User traffic that lands while this update runs is missed for one interval.)
         let misses = self.misses.load(Ordering::Relaxed) & 0xFFFF_FFFF;
