@@ -59,7 +59,7 @@ fn layouts_sizes_and_alignments() {
     let mut live = Vec::new();
     for align_shift in 0..=21 {
         let align = 1usize << align_shift;
-        for size in [1, 7, 8, 24, 100, 4096, 5000, 100_000, 128 << 10, (128 << 10) + 1, 3 << 20] {
+        for size in [1, 7, 8, 24, 100, 4096, 5000, 16 << 10, 65536, 100_000, 128 << 10, (128 << 10) + 1, 3 << 20] {
             let layout = Layout::from_size_align(size, align).unwrap();
             // SAFETY: non-zero size.
             let p = unsafe { A.alloc(layout) };
@@ -78,6 +78,34 @@ fn layouts_sizes_and_alignments() {
     for (p, layout, _) in live {
         // SAFETY: allocated above with this layout, freed once.
         unsafe { A.dealloc(p, layout) };
+    }
+}
+
+/// The coloured classes (16 KiB to 128 KiB, `sizeclass`, "Alignment"): their blocks do
+/// not all start at one offset in their pages (before colouring, every 64 KiB block sat
+/// at page offset 0, so a page-by-page touch of 100 of them hit one set of cache lines),
+/// and a request of the same size aligned past a cache line is still aligned.
+#[test]
+fn coloured_class_blocks_start_at_many_cache_lines() {
+    let _serial = serial();
+    for size in [16 << 10, 65536, 100_000, 128 << 10] {
+        let blocks: Vec<*mut u8> = (0..100).map(|_| global::malloc(size)).collect();
+        assert!(blocks.iter().all(|p| !p.is_null() && (*p as usize).is_multiple_of(64)));
+        let lines: std::collections::HashSet<usize> = blocks.iter().map(|&p| p as usize % 4096 / 64).collect();
+        assert!(lines.len() >= 8, "{size}-byte blocks start at only {} distinct cache lines of a page", lines.len());
+        for align in [128, 4096] {
+            let q = global::aligned_alloc(align, size);
+            assert!(!q.is_null() && (q as usize).is_multiple_of(align), "{size} bytes aligned to {align}");
+            // SAFETY: `size` writable bytes; from `aligned_alloc`, freed once.
+            unsafe {
+                q.write_bytes(0x5a, size);
+                global::free(q);
+            }
+        }
+        for p in blocks {
+            // SAFETY: from `malloc`, freed once.
+            unsafe { global::free(p) };
+        }
     }
 }
 

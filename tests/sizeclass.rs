@@ -2,13 +2,16 @@
 //! every power-of-two alignment up to 4096, against a brute-force search of the table.
 
 use scalemem::umem::sizeclass::{
-    CLASSES, ClassIndex, MAX_ALIGN, MAX_CLASS_SIZE, NCLASSES, class_align, class_of, class_size,
+    CLASSES, COLOURED_ALIGN, COLOURED_MIN, ClassIndex, MAX_ALIGN, MAX_CLASS_SIZE, NCLASSES, class_align, class_of,
+    class_size,
 };
 
 /// The answer by definition: the first class (the table is sorted) at least `size` and a
-/// multiple of `align`.
+/// multiple of `align`, unless that class is a coloured one and `align` asks for more
+/// than a cache line (the large path's, then).
 fn brute(size: usize, align: usize) -> Option<usize> {
-    CLASSES.iter().position(|&c| c as usize >= size.max(1) && (c as usize).is_multiple_of(align))
+    let i = CLASSES.iter().position(|&c| c as usize >= size.max(1) && (c as usize).is_multiple_of(align))?;
+    (align <= COLOURED_ALIGN || (CLASSES[i] as usize) < COLOURED_MIN).then_some(i)
 }
 
 #[test]
@@ -27,6 +30,11 @@ fn table_shape() {
         assert_eq!(class_size(idx), c as usize);
         let a = class_align(idx);
         assert!(a.is_power_of_two() && a <= MAX_ALIGN && (c as usize).is_multiple_of(a));
+        // The largest power of two dividing the class, at most a page; from 16 KiB up
+        // (coloured) a cache line, so that slabs can colour by cache line.
+        let natural = (1usize << c.trailing_zeros()).min(MAX_ALIGN);
+        let want = if c as usize >= COLOURED_MIN { COLOURED_ALIGN } else { natural };
+        assert_eq!(a, want, "class {c}");
         if (16..=64).contains(&c) {
             assert_eq!(c % 16, 0, "classes from 16 bytes to 64 are multiples of 16");
         }
@@ -85,8 +93,10 @@ fn monotone_in_size() {
         for size in 1..=MAX_CLASS_SIZE {
             let Some(i) = class_of(size, align) else {
                 // Only the largest sizes of the largest alignments may round past the
-                // table; once they do, every larger size does too.
-                assert!(size > MAX_CLASS_SIZE - align);
+                // table, and alignments past a cache line past the uncoloured classes;
+                // once they do, every larger size does too.
+                assert_eq!(brute(size, align), None, "size {size} align {align}");
+                assert!(size > MAX_CLASS_SIZE - align || align > COLOURED_ALIGN);
                 for s in size..=MAX_CLASS_SIZE {
                     assert_eq!(class_of(s, align), None);
                 }

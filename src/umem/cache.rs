@@ -474,6 +474,8 @@ pub struct CacheBuilder {
     registered: bool,
     /// The tag of the cache's slab pages (`SlabCacheBuilder::page_tag`).
     page_tag: u8,
+    /// [`SlabCacheBuilder::colour_room`](crate::umem::slab::SlabCacheBuilder::colour_room).
+    colour_room: usize,
 }
 
 impl fmt::Debug for CacheBuilder {
@@ -529,10 +531,30 @@ impl CacheBuilder {
         self
     }
 
+    /// Room for colouring in each slab of a cache of large objects
+    /// ([`SlabCacheBuilder::colour_room`](crate::umem::slab::SlabCacheBuilder::colour_room)):
+    /// for objects of a page multiple, whose slabs would otherwise all start them at one
+    /// offset in the page. Default 0.
+    ///
+    /// ```
+    /// use scalemem::umem::cache::{Config, ObjectCache};
+    /// let config = Config { reaper: false, ..Config::default() };
+    /// let cache = ObjectCache::builder("bufs", 64 << 10, 64).config(config).colour_room(4096 - 64).build()?;
+    /// let (a, b) = (cache.alloc()?, cache.alloc()?);
+    /// assert_ne!(a.as_ptr() as usize % 4096, b.as_ptr() as usize % 4096); // two slabs, two colours
+    /// # unsafe { cache.free(a) }.unwrap();
+    /// # unsafe { cache.free(b) }.unwrap();
+    /// # Ok::<(), scalemem::umem::cache::CacheError>(())
+    /// ```
+    pub fn colour_room(mut self, bytes: usize) -> Self {
+        self.colour_room = bytes;
+        self
+    }
+
     /// Makes the cache. Fails for a size of zero or above [`MAX_SIZE`], an alignment
     /// that is not a power of two or is above [`PAGE`], or if the kernel refuses memory.
     pub fn build(self) -> Result<ObjectCache, CacheError> {
-        let Self { name, size, align, ctor, dtor, config, regions, registered, page_tag } = self;
+        let Self { name, size, align, ctor, dtor, config, regions, registered, page_tag, colour_room } = self;
         if size == 0 || size > MAX_SIZE || !align.is_power_of_two() || align > PAGE {
             return Err(CacheError::OutOfMemory);
         }
@@ -544,6 +566,7 @@ impl CacheBuilder {
             .checking(config.checking)
             .max_empty(config.max_empty_slabs)
             .page_tag(page_tag)
+            .colour_room(colour_room)
             .build()?;
         let shared = Arc::new(Shared { slab, torn_down: AtomicUsize::new(0) });
         let for_release = Arc::clone(&shared);
@@ -671,6 +694,7 @@ impl ObjectCache {
             regions: None,
             registered: true,
             page_tag: 0,
+            colour_room: 0,
         }
     }
 

@@ -2,7 +2,8 @@
 //! `umem_alloc_8`, `umem_alloc_16`, ... caches) will serve, from 8 bytes to 128 KiB (the
 //! largest object a slab cache serves, [`slab::MAX_SIZE`](super::slab::MAX_SIZE)). A
 //! request larger than the last class, or aligned beyond [`MAX_ALIGN`], goes to the
-//! large path ([`large`](super::large)).
+//! large path ([`large`](super::large)), as does a request aligned beyond a cache line
+//! whose class is a coloured one (below).
 //!
 //! ```
 //! use scalemem::umem::sizeclass::{class_of, class_size, CLASSES};
@@ -41,6 +42,18 @@
 //! [`class_align`]`(i)` (the largest power of two dividing the class size, at most
 //! [`MAX_ALIGN`]); slab colouring must keep to multiples of it.
 //!
+//! **Coloured classes** (from [`COLOURED_MIN`], 16 KiB, up: the sizes jemalloc calls
+//! large) are the exception. Their sizes are multiples of 1 KiB or more, so with objects
+//! at page multiples every object of a class would start at the same offset in its page,
+//! and a program that touches each block's pages at the same offsets (a page-by-page
+//! scan, a header per block) would put every touch of every block into the few cache
+//! sets that offset indexes: the 64 KiB batch workload ran 2.0-2.4x slower for it here
+//! (`BENCHMARKS.md`, "Batch"). Their objects are aligned to a cache line only
+//! ([`COLOURED_ALIGN`], what [`class_align`] says for them), so that the slab layer can
+//! colour them by cache line within a page of slack per slab, as jemalloc's
+//! cache-oblivious large allocations are; a request for more alignment than that maps to
+//! no class and takes the large path.
+//!
 //! # Cost
 //!
 //! [`class_of`] is constant time: a 129-byte lookup table for sizes up to 1 KiB (and a
@@ -50,6 +63,12 @@
 /// The largest alignment a size class serves: the smallest page size umem supports.
 /// Stricter alignments go to the large path.
 pub const MAX_ALIGN: usize = 4096;
+
+/// The smallest coloured class (module documentation, "Alignment").
+pub const COLOURED_MIN: usize = 16 << 10;
+
+/// The alignment the coloured classes' objects get: a cache line.
+pub const COLOURED_ALIGN: usize = 64;
 
 /// The largest class: the largest object a slab cache serves.
 pub const MAX_CLASS_SIZE: usize = 128 << 10;
@@ -176,19 +195,22 @@ pub const fn class_size(i: ClassIndex) -> usize {
 }
 
 /// The alignment that objects of class `i` get: the largest power of two dividing its
-/// size, at most [`MAX_ALIGN`]. Every request [`class_of`] maps to `i` asks for at most
-/// this.
+/// size, at most [`MAX_ALIGN`]; [`COLOURED_ALIGN`] for the coloured classes (from
+/// [`COLOURED_MIN`] up). Every request [`class_of`] maps to `i` asks for at most this.
 ///
 /// ```
 /// use scalemem::umem::sizeclass::{class_align, class_of};
 ///
 /// assert_eq!(class_align(class_of(72, 8).unwrap()), 8); // 72 = 8 * 9
 /// assert_eq!(class_align(class_of(4096, 8).unwrap()), 4096);
-/// assert_eq!(class_align(class_of(128 << 10, 8).unwrap()), 4096);
+/// assert_eq!(class_align(class_of(128 << 10, 8).unwrap()), 64); // coloured
 /// ```
 #[inline]
 pub const fn class_align(i: ClassIndex) -> usize {
     let size = class_size(i);
+    if size >= COLOURED_MIN {
+        return COLOURED_ALIGN;
+    }
     let align = 1 << size.trailing_zeros();
     if align < MAX_ALIGN { align } else { MAX_ALIGN }
 }
@@ -214,8 +236,8 @@ const fn class_of_size(size: usize) -> Option<ClassIndex> {
 /// The class for a request of `size` bytes aligned to `align`: the smallest class that
 /// is at least `size` and a multiple of `align`. `None` when the request belongs to the
 /// large path (`size` or the rounded size above [`MAX_CLASS_SIZE`], `align` above
-/// [`MAX_ALIGN`]) or is impossible (`align` not a power of two). A size of 0 is served
-/// as 1 byte. Constant time.
+/// [`MAX_ALIGN`], or above [`COLOURED_ALIGN`] for a coloured class) or is impossible
+/// (`align` not a power of two). A size of 0 is served as 1 byte. Constant time.
 ///
 /// ```
 /// use scalemem::umem::sizeclass::{class_of, class_size};
@@ -225,6 +247,8 @@ const fn class_of_size(size: usize) -> Option<ClassIndex> {
 /// assert_eq!(class_size(class_of(65, 64).unwrap()), 128);
 /// assert_eq!(class_size(class_of(5000, 4096).unwrap()), 8192);
 /// assert_eq!(class_of(8, 8192), None); // beyond the page: the large path
+/// assert_eq!(class_size(class_of(65536, 64).unwrap()), 65536);
+/// assert_eq!(class_of(65536, 128), None); // coloured class, more than a cache line
 /// assert_eq!(class_of(8, 3), None); // not a power of two
 /// ```
 #[inline]
@@ -242,5 +266,9 @@ pub const fn class_of(size: usize, align: usize) -> Option<ClassIndex> {
     }
     let size = if size < align { align } else { size };
     // Cannot overflow: size <= MAX_CLASS_SIZE and align <= MAX_ALIGN.
-    class_of_size((size + align - 1) & !(align - 1))
+    let class = class_of_size((size + align - 1) & !(align - 1));
+    match class {
+        Some(i) if align > COLOURED_ALIGN && class_size(i) >= COLOURED_MIN => None,
+        _ => class,
+    }
 }

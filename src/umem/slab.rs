@@ -30,7 +30,9 @@
 //!   slab): the slab is one page and its header sits at the start of the page.
 //! - **large** caches: the header is **external** (in a page of headers the cache maps
 //!   for itself, never from the global allocator), and the slab spans the fewest pages
-//!   that waste at most an eighth of the slab (12.5%).
+//!   that waste at most an eighth of the slab (12.5%); with colour room
+//!   ([`SlabCacheBuilder::colour_room`]) the fewest that keep the room and waste at
+//!   most a sixteenth.
 //! - **colour**: the offset of a slab's first object, stepping by a cache line (or the
 //!   alignment, if larger) from one slab to the next within the slab's slack, so that the
 //!   first objects of different slabs do not all fall on the same cache sets.
@@ -342,9 +344,32 @@ pub struct SlabCacheBuilder<'r> {
     checking: bool,
     max_empty: usize,
     page_tag: u8,
+    colour_room: usize,
 }
 
 impl<'r> SlabCacheBuilder<'r> {
+    /// Keeps at least `bytes` of slack in each slab of a large cache (chunks above
+    /// [`SMALL_MAX`]) for colouring: with objects of a page multiple, the slabs' first
+    /// objects would otherwise all share one offset in their pages (and so one set of
+    /// cache lines). The slab then spans the fewest pages that waste at most a sixteenth
+    /// of it, room included, if there are such. Default 0 (colour only in the slack the
+    /// geometry leaves). No effect on small caches.
+    ///
+    /// ```
+    /// let regions = scalemem::umem::region::Regions::new()?;
+    /// let plain = scalemem::umem::slab::SlabCache::builder(&regions, "plain", 64 << 10, 64).build()?;
+    /// assert_eq!(plain.stats().colour_max, 0); // 16 pages, one object, no slack
+    /// let coloured = scalemem::umem::slab::SlabCache::builder(&regions, "coloured", 64 << 10, 64)
+    ///     .colour_room(4096 - 64)
+    ///     .build()?;
+    /// assert_eq!(coloured.stats().colour_max, 4096); // 17 pages: 65 colours of a cache line
+    /// # Ok::<(), scalemem::util::AllocError>(())
+    /// ```
+    pub fn colour_room(mut self, bytes: usize) -> Self {
+        self.colour_room = bytes;
+        self
+    }
+
     /// The tag this cache's slab pages carry in their regions (`Regions::page_tag`):
     /// the global heap tags each size class's pages with the class, so that `free(ptr)`
     /// finds it in one load. Default 0 (no tag).
@@ -370,7 +395,7 @@ impl<'r> SlabCacheBuilder<'r> {
     /// zero or above [`MAX_SIZE`], an alignment that is not a power of two or is above
     /// [`PAGE`], or if the kernel refuses the page for the cache's state.
     pub fn build(self) -> Result<SlabCache<'r>, AllocError> {
-        let Self { regions, name, size, align, checking, max_empty, page_tag } = self;
+        let Self { regions, name, size, align, checking, max_empty, page_tag, colour_room } = self;
         if size == 0 || size > MAX_SIZE || !align.is_power_of_two() || align > PAGE {
             return Err(AllocError);
         }
@@ -382,7 +407,7 @@ impl<'r> SlabCacheBuilder<'r> {
             let offset = size_of::<SlabHeader>().next_multiple_of(align);
             (1, ((PAGE - offset) / chunk).min(MAX_OBJECTS), offset)
         } else {
-            let (pages, capacity) = large_geometry(chunk);
+            let (pages, capacity) = large_geometry(chunk, colour_room);
             (pages, capacity, 0)
         };
         let slack = slab_pages * PAGE - offset - capacity * chunk;
@@ -427,16 +452,20 @@ impl<'r> SlabCacheBuilder<'r> {
 /// Pages and capacity of a large cache's slabs: the fewest pages whose tail waste is at
 /// most an eighth of the slab (always found by `8 * chunk / PAGE + 1` pages, since the
 /// waste is below one chunk), capped by the region's usable pages and `MAX_OBJECTS`.
-fn large_geometry(chunk: usize) -> (usize, usize) {
+/// With `room` (the colour room, [`SlabCacheBuilder::colour_room`]): at least `room`
+/// bytes of tail, and at most a sixteenth of the slab wasted, room included, or else
+/// the least waste per mille.
+fn large_geometry(chunk: usize, room: usize) -> (usize, usize) {
     let mut best = (usize::MAX, 1, 1); // (waste per mille, pages, capacity)
     for pages in 1..=USABLE_PAGES {
         let bytes = pages * PAGE;
-        let capacity = (bytes / chunk).min(MAX_OBJECTS);
+        let capacity = (bytes.saturating_sub(room) / chunk).min(MAX_OBJECTS);
         if capacity == 0 {
             continue;
         }
         let waste = bytes - capacity * chunk;
-        if waste * 8 <= bytes {
+        let bound = if room == 0 { 8 } else { 16 };
+        if waste * bound <= bytes {
             return (pages, capacity);
         }
         let per_mille = waste * 1000 / bytes;
@@ -480,7 +509,7 @@ impl<'r> SlabCache<'r> {
     /// # Ok::<(), scalemem::util::AllocError>(())
     /// ```
     pub fn builder(regions: &'r Regions, name: &'static str, size: usize, align: usize) -> SlabCacheBuilder<'r> {
-        SlabCacheBuilder { regions, name, size, align, checking: false, max_empty: 2, page_tag: 0 }
+        SlabCacheBuilder { regions, name, size, align, checking: false, max_empty: 2, page_tag: 0, colour_room: 0 }
     }
 
     fn inner(&self) -> &CacheInner {
