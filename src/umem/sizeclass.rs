@@ -47,8 +47,9 @@
 //! at page multiples every object of a class would start at the same offset in its page,
 //! and a program that touches each block's pages at the same offsets (a page-by-page
 //! scan, a header per block) would put every touch of every block into the few cache
-//! sets that offset indexes: the 64 KiB batch workload ran 2.0-2.4x slower for it here
-//! (`BENCHMARKS.md`, "Batch"). Their objects are aligned to a cache line only
+//! sets that offset indexes: colouring made the 64 KiB batch workload 1.6x faster at
+//! one thread and 2.0x at two on the AMD host (`BENCHMARKS.md`, "Batch"), for about
+//! 6% more resident memory at 16 and 64 KiB. Their objects are aligned to a cache line only
 //! ([`COLOURED_ALIGN`], what [`class_align`] says for them), so that the slab layer can
 //! colour them by cache line within a page of slack per slab, as jemalloc's
 //! cache-oblivious large allocations are; a request for more alignment than that maps to
