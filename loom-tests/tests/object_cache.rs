@@ -40,12 +40,16 @@ type Counter = std::sync::Arc<AtomicUsize>;
 /// A cache whose constructor and destructor count (plain std atomics: read after the
 /// joins) over a leaked manual region manager.
 fn setup() -> (&'static Regions, Arc<ObjectCache>, Counter, Counter) {
+    setup_with(Config { magazines: TINY, reaper: false, ..Config::default() })
+}
+
+/// [`setup`] with another configuration.
+fn setup_with(config: Config) -> (&'static Regions, Arc<ObjectCache>, Counter, Counter) {
     let regions: &'static Regions =
         Box::leak(Box::new(Regions::builder().refcache(RefcacheConfig::manual()).retain(1).build().unwrap()));
     let ctors = std::sync::Arc::new(AtomicUsize::new(0));
     let dtors = std::sync::Arc::new(AtomicUsize::new(0));
     let (c, d) = (ctors.clone(), dtors.clone());
-    let config = Config { magazines: TINY, reaper: false, ..Config::default() };
     let cache = ObjectCache::builder("loom", 64, 8)
         .ctor(Box::new(move |p: NonNull<u8>| {
             c.fetch_add(1, Relaxed);
@@ -173,25 +177,8 @@ fn destroy_races_free_depot_exchange() {
 #[test]
 fn a_trim_request_is_not_lost_to_a_busy_trimmer() {
     run_model_long("object cache: a free's trim request while another thread trims", BRANCHES, || {
-        let regions: &'static Regions =
-            Box::leak(Box::new(Regions::builder().refcache(RefcacheConfig::manual()).retain(1).build().unwrap()));
-        let ctors = std::sync::Arc::new(AtomicUsize::new(0));
-        let dtors = std::sync::Arc::new(AtomicUsize::new(0));
-        let (c, d) = (ctors.clone(), dtors.clone());
         let config = Config { magazines: TINY, reaper: false, trim_threshold: Some(64), ..Config::default() };
-        let cache = ObjectCache::builder("loom-trim", 64, 8)
-            .ctor(Box::new(move |_| {
-                c.fetch_add(1, Relaxed);
-                Ok(())
-            }))
-            .dtor(Box::new(move |_| {
-                d.fetch_add(1, Relaxed);
-            }))
-            .regions(regions)
-            .config(config)
-            .build()
-            .unwrap();
-        let cache = Arc::new(cache);
+        let (regions, cache, ctors, dtors) = setup_with(config);
         let objects: Vec<usize> = (0..10).map(|_| cache.alloc().unwrap().as_ptr() as usize).collect();
         let (mine, theirs) = objects.split_at(5);
         let theirs = theirs.to_vec();

@@ -542,7 +542,9 @@ impl CacheBuilder {
     /// let cache = ObjectCache::builder("bufs", 64 << 10, 64).config(config).colour_room(4096 - 64).build()?;
     /// let (a, b) = (cache.alloc()?, cache.alloc()?);
     /// assert_ne!(a.as_ptr() as usize % 4096, b.as_ptr() as usize % 4096); // two slabs, two colours
+    /// # // SAFETY: from this cache, freed once.
     /// # unsafe { cache.free(a) }.unwrap();
+    /// # // SAFETY: as above.
     /// # unsafe { cache.free(b) }.unwrap();
     /// # Ok::<(), scalemem::umem::cache::CacheError>(())
     /// ```
@@ -1045,10 +1047,17 @@ impl Inner {
     fn maybe_trim(&self) {
         if let Some(trim) = &self.trim
             // Relaxed: a hint; the trim recounts.
-            && self.cpu.depot_full() * self.cpu.magazine_size() * self.size > trim.threshold.load(Ordering::Relaxed)
+            && self.depot_bytes() > trim.threshold.load(Ordering::Relaxed)
         {
             self.trim_now(trim);
         }
+    }
+
+    /// Bytes of objects in the depot's full magazines (a hint: the counts are read
+    /// without a lock).
+    #[inline]
+    fn depot_bytes(&self) -> usize {
+        self.cpu.depot_full() * self.cpu.magazine_size() * self.size
     }
 
     /// A cache with a free-time trim gives back at once the pages of slabs that a drain
@@ -1094,7 +1103,7 @@ impl Inner {
     fn trim_round(&self, trim: &Trim) {
         // Relaxed (every field): hints, serialised by `Trim::state`.
         let mut threshold = trim.threshold.load(Ordering::Relaxed);
-        if self.cpu.depot_full() * self.cpu.magazine_size() * self.size <= threshold {
+        if self.depot_bytes() <= threshold {
             return;
         }
         let now = self.updates.load(Ordering::Relaxed);

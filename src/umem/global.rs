@@ -114,7 +114,7 @@ use super::cpu_cache::{CpuCaches, RawSlots};
 use super::large::{self, LargeConfig, LargeHeap};
 use super::os;
 use super::region::{self, PAGE, Regions};
-use super::sizeclass::{COLOURED_ALIGN, COLOURED_MIN, ClassIndex, MAX_CLASS_SIZE, NCLASSES, class_of, class_size};
+use super::sizeclass::{COLOURED_ALIGN, ClassIndex, MAX_CLASS_SIZE, NCLASSES, class_of, class_size, is_coloured};
 use crate::util::Backoff;
 
 /// The alignment [`malloc`] guarantees (glibc's on x86-64: `max_align_t`).
@@ -582,7 +582,7 @@ impl Heap {
             let tag = tag_of(class);
             // The coloured classes (`sizeclass`, "Alignment") get a page of room for
             // 64 colours of a cache line.
-            let room = if size >= COLOURED_MIN { PAGE - COLOURED_ALIGN } else { 0 };
+            let room = if is_coloured(class) { PAGE - COLOURED_ALIGN } else { 0 };
             if let Ok(cache) = ObjectCache::builder(NAME, size, align)
                 .regions(&self.regions)
                 .config(config)

@@ -208,12 +208,25 @@ pub const fn class_size(i: ClassIndex) -> usize {
 /// ```
 #[inline]
 pub const fn class_align(i: ClassIndex) -> usize {
-    let size = class_size(i);
-    if size >= COLOURED_MIN {
+    if is_coloured(i) {
         return COLOURED_ALIGN;
     }
-    let align = 1 << size.trailing_zeros();
+    let align = 1 << class_size(i).trailing_zeros();
     if align < MAX_ALIGN { align } else { MAX_ALIGN }
+}
+
+/// Whether class `i` is a coloured one (from [`COLOURED_MIN`] up; module documentation,
+/// "Alignment"): objects aligned to [`COLOURED_ALIGN`], slabs with room to colour them.
+///
+/// ```
+/// use scalemem::umem::sizeclass::{class_of, is_coloured};
+///
+/// assert!(!is_coloured(class_of(8192, 8).unwrap()));
+/// assert!(is_coloured(class_of(16 << 10, 8).unwrap()));
+/// ```
+#[inline]
+pub const fn is_coloured(i: ClassIndex) -> bool {
+    class_size(i) >= COLOURED_MIN
 }
 
 /// The class of a request of `size` bytes (the smallest class at least `size`), ignoring
@@ -269,7 +282,7 @@ pub const fn class_of(size: usize, align: usize) -> Option<ClassIndex> {
     // Cannot overflow: size <= MAX_CLASS_SIZE and align <= MAX_ALIGN.
     let class = class_of_size((size + align - 1) & !(align - 1));
     match class {
-        Some(i) if align > COLOURED_ALIGN && class_size(i) >= COLOURED_MIN => None,
+        Some(i) if align > COLOURED_ALIGN && is_coloured(i) => None,
         _ => class,
     }
 }
