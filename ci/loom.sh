@@ -12,6 +12,9 @@ export RUSTFLAGS="--cfg scalemem_loom ${RUSTFLAGS:-}"
 export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target/loom}"
 export CARGO_PROFILE_RELEASE_DEBUG_ASSERTIONS=true
+# The release profile's whole-program LTO (Cargo.toml: for the LD_PRELOAD library) would
+# only slow the link of every model binary: the models build as they did before it.
+export CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16
 if [ $# -gt 0 ]; then
     args=()
     for t in "$@"; do args+=(--test "$t"); done

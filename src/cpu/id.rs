@@ -43,11 +43,18 @@ const RSEQ_ON: u8 = 1;
 #[cfg(not(scalemem_loom))]
 const RSEQ_OFF: u8 = 2;
 
-/// Whether rseq may be used, decided once per process.
-// Relaxed everywhere: the value is derived from immutable process facts, so any thread
-// that computes it computes the same answer; no other memory is published with it.
+/// Whether rseq may be used, decided once per process. The value is derived from
+/// immutable process facts, so any thread that computes it computes the same answer;
+/// what it publishes is [`RSEQ_OFFSET`] (Release store, Acquire loads).
 #[cfg(not(scalemem_loom))]
 static RSEQ_STATE: AtomicU8 = AtomicU8::new(RSEQ_UNKNOWN);
+
+/// glibc's `__rseq_offset`, copied once rseq is on (0 before): a plain word of ours, so
+/// that the hot paths reach it with one load instead of two through the GOT. Stored
+/// before the Release store of [`RSEQ_STATE`] that says "on"; a hot path reads it only
+/// after it, or a thread it synchronised with, saw `rseq_enabled()` return true.
+#[cfg(all(not(scalemem_loom), target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
+static RSEQ_OFFSET: core::sync::atomic::AtomicIsize = core::sync::atomic::AtomicIsize::new(0);
 
 /// True if this process uses glibc's rseq registration: glibc registered an area
 /// (`__rseq_size >= 20`), the target has our critical sections (x86_64), and
@@ -61,7 +68,8 @@ pub fn rseq_enabled() -> bool {
     }
     #[cfg(not(scalemem_loom))]
     {
-        match RSEQ_STATE.load(Ordering::Relaxed) {
+        // Acquire: pairs with the Release store in `rseq_init_slow` (RSEQ_OFFSET).
+        match RSEQ_STATE.load(Ordering::Acquire) {
             RSEQ_ON => true,
             RSEQ_OFF => false,
             _ => rseq_init_slow(),
@@ -74,7 +82,15 @@ pub fn rseq_enabled() -> bool {
 fn rseq_init_slow() -> bool {
     let wanted = !matches!(crate::os::getenv(b"SCALEMEM_RSEQ\0"), Some(b"0"));
     let on = wanted && glibc_rseq_size() >= 20 && cfg!(target_arch = "x86_64");
-    RSEQ_STATE.store(if on { RSEQ_ON } else { RSEQ_OFF }, Ordering::Relaxed);
+    #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
+    if on {
+        // SAFETY: glibc exports `__rseq_offset` as a constant of the process (set before
+        // any user code runs); reading it has no side effects.
+        // Relaxed: published by the Release store below.
+        RSEQ_OFFSET.store(unsafe { __rseq_offset }, Ordering::Relaxed);
+    }
+    // Release: pairs with the Acquire load in `rseq_enabled` (RSEQ_OFFSET).
+    RSEQ_STATE.store(if on { RSEQ_ON } else { RSEQ_OFF }, Ordering::Release);
     on
 }
 
@@ -123,6 +139,17 @@ pub(crate) fn rseq_area_unchecked() -> *mut u8 {
     // placed a struct rseq at thread pointer + __rseq_offset in every thread's TCB; it
     // lives as long as the thread.
     unsafe { tp.offset(__rseq_offset) }
+}
+
+/// glibc's `__rseq_offset` as [`RSEQ_OFFSET`] holds it: this thread's rseq area is at
+/// the thread pointer plus this. The caller must have seen [`rseq_enabled`] return true,
+/// itself or through a thread it synchronised with (the hot paths reach their per-CPU
+/// slots through such a chain: a cache is built after that decision and published).
+#[cfg(all(not(scalemem_loom), target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
+#[inline]
+pub(crate) fn rseq_offset_unchecked() -> isize {
+    // Relaxed: ordered by the caller's chain from the Acquire load in `rseq_enabled`.
+    RSEQ_OFFSET.load(Ordering::Relaxed)
 }
 
 /// The address of this thread's rseq area: never available on this target.

@@ -29,5 +29,7 @@ pub use id::{current, possible, rseq_enabled};
 pub use percpu::PerCpu;
 pub use stack::PerCpuStack;
 
+#[cfg(all(not(scalemem_loom), target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
+pub(crate) use id::rseq_offset_unchecked;
 #[cfg(not(scalemem_loom))]
 pub(crate) use id::{rseq_abi, rseq_area, rseq_area_unchecked};

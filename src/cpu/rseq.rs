@@ -189,6 +189,23 @@ pub(crate) fn thread_area_unchecked() -> *mut u8 {
     }
 }
 
+/// This thread's rseq area as an offset from the thread pointer (glibc's
+/// `__rseq_offset`, the same for every thread of the process), for the `_tp` sections,
+/// which address the area through `fs`: the hot paths then load neither the thread
+/// pointer nor glibc's variable through the GOT. The conditions are
+/// [`thread_area_unchecked`]'s. 0 where there are no sections (their stand-ins ignore it).
+#[inline]
+pub(crate) fn thread_offset_unchecked() -> isize {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom)))]
+    {
+        super::rseq_offset_unchecked()
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom))))]
+    {
+        0
+    }
+}
+
 #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom)))]
 pub use x86_64::{add, pop, push};
 
@@ -1250,14 +1267,161 @@ pub mod mag_layout {
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom)))]
 pub use x86_64_magazine::{mag_exchange, mag_pop, mag_push};
+#[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom)))]
+pub(crate) use x86_64_magazine::{mag_pop_tp, mag_push_tp};
 
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom))))]
 pub use fallback_magazine::{mag_exchange, mag_pop, mag_push};
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom))))]
+pub(crate) use fallback_magazine::{mag_pop_tp, mag_push_tp};
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom)))]
 mod x86_64_magazine {
     use super::mag_layout::{CAP_SHIFT, LOADED_SHIFT, MAGS, ROUNDS, SLOT_SHIFT, STATE, STOP};
     use crate::cpu::rseq_abi::{CPU_ID, RSEQ_CS, SIGNATURE};
+
+    /// The body of [`mag_pop`] and [`mag_pop_tp`]: `$seg` is the segment prefix of the
+    /// two rseq-area accesses (`""`: `$area` is the area's address; `"fs:"`: its offset
+    /// from the thread pointer), so both address forms share one section text.
+    macro_rules! mag_pop_asm {
+        ($seg:literal, $area:expr, $base:expr, $ncpus:expr, $item:ident) => {
+            {
+                core::arch::asm!(
+                    ".pushsection __rseq_cs, \"aw\"",
+                    ".balign 32",
+                    "3:",
+                    ".long 0, 0",
+                    ".quad 4f, (5f - 4f), 6f",
+                    ".popsection",
+                    "2:",
+                    "xor {item:e}, {item:e}",
+                    "lea {slot}, [rip + 3b]",
+                    concat!("mov qword ptr ", $seg, "[{area} + {rseq_cs}], {slot}"),
+                    "4:",
+                    concat!("mov {slot:e}, dword ptr ", $seg, "[{area} + {cpu_id}]"),
+                    "cmp {slot}, {ncpus}",
+                    "jae 9f",
+                    "shl {slot}, {slot_shift}",
+                    "add {slot}, {base}",
+                    "cmp qword ptr [{slot} + {stop}], 0",
+                    "jne 9f",
+                    "mov {st}, qword ptr [{slot} + {state}]",
+                    "movzx {n:e}, {st:x}",
+                    "test {n:e}, {n:e}",
+                    "jz 9f",
+                    // The item register holds the magazine first: no failure exit follows
+                    // before the commit, and an abort restarts at 2, which clears it. The
+                    // loaded index is the state's top byte.
+                    "mov {item}, {st}",
+                    "shr {item}, {loaded_shift}",
+                    "mov {item}, qword ptr [{slot} + 8*{item} + {mags}]",
+                    "mov {item}, qword ptr [{item} + 8*{n} + {rounds_m8}]",
+                    "sub {st}, 1",
+                    // The commit.
+                    "mov qword ptr [{slot} + {state}], {st}",
+                    "5:",
+                    // The abort handler, out of line (librseq's layout): the success path falls
+                    // through, and the signature sits in the four bytes before it.
+                    ".pushsection __rseq_failure, \"ax\"",
+                    ".byte 0x0f, 0xb9, 0x3d",
+                    ".long {signature}",
+                    "6:",
+                    "jmp 2b",
+                    ".popsection",
+                    "9:",
+                    area = in(reg) $area,
+                    base = in(reg) $base,
+                    ncpus = in(reg) $ncpus,
+                    slot = out(reg) _,
+                    st = out(reg) _,
+                    n = out(reg) _,
+                    item = out(reg) $item,
+                    stop = const STOP,
+                    state = const STATE,
+                    mags = const MAGS,
+                    rounds_m8 = const ROUNDS - 8,
+                    loaded_shift = const LOADED_SHIFT,
+                    slot_shift = const SLOT_SHIFT,
+                    rseq_cs = const RSEQ_CS,
+                    cpu_id = const CPU_ID,
+                    signature = const SIGNATURE,
+                    options(nostack),
+                );
+            }
+        };
+    }
+
+    /// The body of [`mag_push`] and [`mag_push_tp`] (see `mag_pop_asm`).
+    macro_rules! mag_push_asm {
+        ($seg:literal, $area:expr, $base:expr, $ncpus:expr, $item:expr) => {
+            {
+                core::arch::asm!(
+                    ".pushsection __rseq_cs, \"aw\"",
+                    ".balign 32",
+                    "3:",
+                    ".long 0, 0",
+                    ".quad 4f, (5f - 4f), 6f",
+                    ".popsection",
+                    "2:",
+                    "lea {slot}, [rip + 3b]",
+                    concat!("mov qword ptr ", $seg, "[{area} + {rseq_cs}], {slot}"),
+                    "4:",
+                    concat!("mov {slot:e}, dword ptr ", $seg, "[{area} + {cpu_id}]"),
+                    "cmp {slot}, {ncpus}",
+                    "jae {fail}",
+                    "shl {slot}, {slot_shift}",
+                    "add {slot}, {base}",
+                    "cmp qword ptr [{slot} + {stop}], 0",
+                    "jne {fail}",
+                    "mov {st}, qword ptr [{slot} + {state}]",
+                    // rounds < cap: a 16-bit compare of the low field with the next one (cap
+                    // 0, nothing loaded, always fails).
+                    "mov {t}, {st}",
+                    "shr {t}, {cap_shift}",
+                    "cmp {st:x}, {t:x}",
+                    "jae {fail}",
+                    "movzx {n:e}, {st:x}",
+                    "mov {t}, {st}",
+                    "shr {t}, {loaded_shift}",
+                    "mov {t}, qword ptr [{slot} + 8*{t} + {mags}]",
+                    "mov qword ptr [{t} + 8*{n} + {rounds}], {item}",
+                    "add {st}, 1",
+                    // The commit.
+                    "mov qword ptr [{slot} + {state}], {st}",
+                    "5:",
+                    // The abort handler, out of line (librseq's layout): the success path falls
+                    // through, and the signature sits in the four bytes before it.
+                    ".pushsection __rseq_failure, \"ax\"",
+                    ".byte 0x0f, 0xb9, 0x3d",
+                    ".long {signature}",
+                    "6:",
+                    "jmp 2b",
+                    ".popsection",
+                    "9:",
+                    area = in(reg) $area,
+                    base = in(reg) $base,
+                    ncpus = in(reg) $ncpus,
+                    item = in(reg) $item,
+                    slot = out(reg) _,
+                    st = out(reg) _,
+                    n = out(reg) _,
+                    t = out(reg) _,
+                    stop = const STOP,
+                    state = const STATE,
+                    mags = const MAGS,
+                    rounds = const ROUNDS,
+                    cap_shift = const CAP_SHIFT,
+                    loaded_shift = const LOADED_SHIFT,
+                    slot_shift = const SLOT_SHIFT,
+                    rseq_cs = const RSEQ_CS,
+                    cpu_id = const CPU_ID,
+                    signature = const SIGNATURE,
+                    fail = label { return false; },
+                    options(nostack),
+                );
+            }
+        };
+    }
 
     /// Pops a round from the current CPU's loaded magazine (see
     /// [`mag_layout`](super::mag_layout)). Returns null, having changed nothing, if the
@@ -1295,69 +1459,7 @@ mod x86_64_magazine {
         // that these sections exclude by testing STOP inside the section (3). The item
         // register is zeroed at every (re)start; the only store is the commit, the last
         // instruction. No stack use; every written register is declared.
-        unsafe {
-            core::arch::asm!(
-                ".pushsection __rseq_cs, \"aw\"",
-                ".balign 32",
-                "3:",
-                ".long 0, 0",
-                ".quad 4f, (5f - 4f), 6f",
-                ".popsection",
-                "2:",
-                "xor {item:e}, {item:e}",
-                "lea {slot}, [rip + 3b]",
-                "mov qword ptr [{area} + {rseq_cs}], {slot}",
-                "4:",
-                "mov {slot:e}, dword ptr [{area} + {cpu_id}]",
-                "cmp {slot}, {ncpus}",
-                "jae 9f",
-                "shl {slot}, {slot_shift}",
-                "add {slot}, {base}",
-                "cmp qword ptr [{slot} + {stop}], 0",
-                "jne 9f",
-                "mov {st}, qword ptr [{slot} + {state}]",
-                "movzx {n:e}, {st:x}",
-                "test {n:e}, {n:e}",
-                "jz 9f",
-                // The item register holds the magazine first: no failure exit follows
-                // before the commit, and an abort restarts at 2, which clears it. The
-                // loaded index is the state's top byte.
-                "mov {item}, {st}",
-                "shr {item}, {loaded_shift}",
-                "mov {item}, qword ptr [{slot} + 8*{item} + {mags}]",
-                "mov {item}, qword ptr [{item} + 8*{n} + {rounds_m8}]",
-                "sub {st}, 1",
-                // The commit.
-                "mov qword ptr [{slot} + {state}], {st}",
-                "5:",
-                // The abort handler, out of line (librseq's layout): the success path falls
-                // through, and the signature sits in the four bytes before it.
-                ".pushsection __rseq_failure, \"ax\"",
-                ".byte 0x0f, 0xb9, 0x3d",
-                ".long {signature}",
-                "6:",
-                "jmp 2b",
-                ".popsection",
-                "9:",
-                area = in(reg) area,
-                base = in(reg) base,
-                ncpus = in(reg) ncpus,
-                slot = out(reg) _,
-                st = out(reg) _,
-                n = out(reg) _,
-                item = out(reg) item,
-                stop = const STOP,
-                state = const STATE,
-                mags = const MAGS,
-                rounds_m8 = const ROUNDS - 8,
-                loaded_shift = const LOADED_SHIFT,
-                slot_shift = const SLOT_SHIFT,
-                rseq_cs = const RSEQ_CS,
-                cpu_id = const CPU_ID,
-                signature = const SIGNATURE,
-                options(nostack),
-            );
-        }
+        unsafe { mag_pop_asm!("", area, base, ncpus, item) };
         item
     }
 
@@ -1385,72 +1487,36 @@ mod x86_64_magazine {
         // count (`rounds < cap`, so inside its `cap` round words), where nobody reads,
         // and is published only by the committing store of `STATE + 1`. Every failure
         // exit leaves by the `fail` label, before any store.
-        unsafe {
-            core::arch::asm!(
-                ".pushsection __rseq_cs, \"aw\"",
-                ".balign 32",
-                "3:",
-                ".long 0, 0",
-                ".quad 4f, (5f - 4f), 6f",
-                ".popsection",
-                "2:",
-                "lea {slot}, [rip + 3b]",
-                "mov qword ptr [{area} + {rseq_cs}], {slot}",
-                "4:",
-                "mov {slot:e}, dword ptr [{area} + {cpu_id}]",
-                "cmp {slot}, {ncpus}",
-                "jae {fail}",
-                "shl {slot}, {slot_shift}",
-                "add {slot}, {base}",
-                "cmp qword ptr [{slot} + {stop}], 0",
-                "jne {fail}",
-                "mov {st}, qword ptr [{slot} + {state}]",
-                // rounds < cap: a 16-bit compare of the low field with the next one (cap
-                // 0, nothing loaded, always fails).
-                "mov {t}, {st}",
-                "shr {t}, {cap_shift}",
-                "cmp {st:x}, {t:x}",
-                "jae {fail}",
-                "movzx {n:e}, {st:x}",
-                "mov {t}, {st}",
-                "shr {t}, {loaded_shift}",
-                "mov {t}, qword ptr [{slot} + 8*{t} + {mags}]",
-                "mov qword ptr [{t} + 8*{n} + {rounds}], {item}",
-                "add {st}, 1",
-                // The commit.
-                "mov qword ptr [{slot} + {state}], {st}",
-                "5:",
-                // The abort handler, out of line (librseq's layout): the success path falls
-                // through, and the signature sits in the four bytes before it.
-                ".pushsection __rseq_failure, \"ax\"",
-                ".byte 0x0f, 0xb9, 0x3d",
-                ".long {signature}",
-                "6:",
-                "jmp 2b",
-                ".popsection",
-                "9:",
-                area = in(reg) area,
-                base = in(reg) base,
-                ncpus = in(reg) ncpus,
-                item = in(reg) item,
-                slot = out(reg) _,
-                st = out(reg) _,
-                n = out(reg) _,
-                t = out(reg) _,
-                stop = const STOP,
-                state = const STATE,
-                mags = const MAGS,
-                rounds = const ROUNDS,
-                cap_shift = const CAP_SHIFT,
-                loaded_shift = const LOADED_SHIFT,
-                slot_shift = const SLOT_SHIFT,
-                rseq_cs = const RSEQ_CS,
-                cpu_id = const CPU_ID,
-                signature = const SIGNATURE,
-                fail = label { return false; },
-                options(nostack),
-            );
-        }
+        unsafe { mag_push_asm!("", area, base, ncpus, item) };
+        true
+    }
+
+    /// [`mag_pop`] with the rseq area given as its offset from the thread pointer
+    /// ([`thread_offset_unchecked`](super::thread_offset_unchecked)): the section reads
+    /// and writes the area through `fs`, so the hot path loads neither the thread
+    /// pointer nor glibc's `__rseq_offset`.
+    ///
+    /// # Safety
+    /// 1. `offset` is [`thread_offset_unchecked`](super::thread_offset_unchecked)'s value,
+    ///    read after [`rseq_enabled`](crate::cpu::rseq_enabled) returned `true`. 2. and 3.
+    ///    as for [`mag_pop`].
+    #[inline]
+    pub(crate) unsafe fn mag_pop_tp(offset: isize, base: *mut u8, ncpus: usize) -> *mut () {
+        let item: *mut ();
+        // SAFETY: as in `mag_pop`: `fs:offset` is this thread's live area (1).
+        unsafe { mag_pop_asm!("fs:", offset, base, ncpus, item) };
+        item
+    }
+
+    /// [`mag_push`] with the rseq area given as its offset from the thread pointer (see
+    /// [`mag_pop_tp`]).
+    ///
+    /// # Safety
+    /// As for [`mag_pop_tp`]; `item` as for [`mag_push`].
+    #[inline]
+    pub(crate) unsafe fn mag_push_tp(offset: isize, base: *mut u8, ncpus: usize, item: *mut ()) -> bool {
+        // SAFETY: as in `mag_push`: `fs:offset` is this thread's live area (1).
+        unsafe { mag_push_asm!("fs:", offset, base, ncpus, item) };
         true
     }
 
@@ -1573,6 +1639,24 @@ mod fallback_magazine {
         core::ptr::null_mut()
     }
 
+    /// No rseq on this target: returns null and changes nothing.
+    ///
+    /// # Safety
+    /// None needed; `unsafe` only to match the x86_64 signature.
+    #[inline]
+    pub(crate) unsafe fn mag_pop_tp(_offset: isize, _base: *mut u8, _ncpus: usize) -> *mut () {
+        core::ptr::null_mut()
+    }
+
+    /// No rseq on this target: returns `false` and changes nothing.
+    ///
+    /// # Safety
+    /// None needed; `unsafe` only to match the x86_64 signature.
+    #[inline]
+    pub(crate) unsafe fn mag_push_tp(_offset: isize, _base: *mut u8, _ncpus: usize, _item: *mut ()) -> bool {
+        false
+    }
+
     /// No rseq on this target: returns `false` and changes nothing.
     ///
     /// # Safety
@@ -1599,5 +1683,65 @@ mod fallback_magazine {
         _load_off: usize,
     ) -> Option<*mut ()> {
         None
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom)))]
+mod magazine_tests {
+    use super::mag_layout::{CAP_SHIFT, MAGS, ROUNDS, SLOT_STRIDE, STATE};
+    use super::*;
+
+    /// The `_tp` sections (the area through `fs` and the cached offset) see the same
+    /// area, CPU number and slot as the area-pointer ones: a round pushed by one form is
+    /// popped by the other, and a stopped slot refuses both.
+    #[test]
+    fn offset_sections_and_area_sections_share_one_slot() {
+        if !crate::cpu::rseq_enabled() {
+            return;
+        }
+        let Some(area) = thread_area() else { return };
+        let tp: *mut u8;
+        // SAFETY: %fs:0 is the thread pointer on x86_64 glibc (see `cpu::id`).
+        unsafe { core::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp, options(nostack, readonly)) };
+        assert_eq!(area.addr().wrapping_sub(tp.addr()) as isize, thread_offset_unchecked());
+
+        let n = crate::cpu::possible();
+        let words = SLOT_STRIDE / 8;
+        let mut slots = vec![0usize; n * words];
+        // One magazine of capacity 2 per CPU (header words, then its rounds).
+        let mut mags = vec![[0usize; ROUNDS / 8 + 2]; n];
+        let mag0 = mags.as_mut_ptr().cast::<usize>();
+        for cpu in 0..n {
+            slots[cpu * words + MAGS / 8] = mag0.wrapping_add(cpu * (ROUNDS / 8 + 2)).addr();
+            slots[cpu * words + STATE / 8] = 2 << CAP_SHIFT; // loaded: magazine 0, cap 2, empty
+        }
+        let base = slots.as_mut_ptr().cast::<u8>();
+        let off = thread_offset_unchecked();
+        let a = core::ptr::without_provenance_mut::<()>(0x1000);
+        let b = core::ptr::without_provenance_mut::<()>(0x2000);
+        let original = rustix::thread::sched_getaffinity(None).unwrap();
+        let mut one = rustix::thread::CpuSet::new();
+        let cpu = crate::cpu::current();
+        one.set(cpu);
+        rustix::thread::sched_setaffinity(None, &one).unwrap();
+        // SAFETY: this thread's area (and its offset); `n` valid slots of the mag_layout
+        // layout, each with a live two-round magazine, written only by these sections
+        // and, through the same pointers, by this thread between them (the reads and
+        // the stop word's write stay inside both vectors).
+        unsafe {
+            assert!(mag_push_tp(off, base, n, a));
+            assert!(mag_push(area, base, n, b));
+            assert!(!mag_push_tp(off, base, n, a), "the magazine holds two");
+            assert_eq!(mag0.add(cpu * (ROUNDS / 8 + 2) + ROUNDS / 8).read(), a.addr());
+            assert_eq!(mag_pop_tp(off, base, n), b);
+            assert_eq!(mag_pop(area, base, n), a);
+            assert!(mag_pop_tp(off, base, n).is_null());
+            assert!(mag_pop_tp(off, base, 0).is_null(), "no CPU below ncpus = 0");
+            // Stopped: both forms refuse.
+            base.cast::<usize>().add(cpu * words).write(1);
+            assert!(!mag_push_tp(off, base, n, a));
+            assert!(mag_pop_tp(off, base, n).is_null());
+        }
+        rustix::thread::sched_setaffinity(None, &original).unwrap();
     }
 }

@@ -387,14 +387,15 @@ impl RawSlots {
     pub(crate) unsafe fn pop(self) -> Option<NonNull<u8>> {
         // Unchecked: rseq mode was chosen after rseq_enabled(); a thread without a
         // registration fails the section and takes the slow path.
-        let area = rseq::thread_area_unchecked();
-        // SAFETY: (1) this thread's area, now (unchecked: see the module doc of
-        // cpu::rseq). (2) By (1), `ncpus` initialised slots of the mag_layout layout
+        let offset = rseq::thread_offset_unchecked();
+        // SAFETY: (1) this thread's area's offset from the thread pointer (unchecked: see
+        // the module doc of cpu::rseq; the layer chose rseq mode after rseq_enabled(),
+        // and `self` reached us from it). (2) By (1), `ncpus` initialised slots of the mag_layout layout
         // (checked at compile time) at base + cpu * SLOT_STRIDE, alive with the layer; a
         // slot's state and magazine words are consistent whenever no section is
         // mid-flight (every change commits with the state store). (3) In rseq mode only
         // the sections and a reconfigurer that stopped the slot write them.
-        NonNull::new(unsafe { rseq::mag_pop(area, self.base, self.ncpus) }.cast::<u8>())
+        NonNull::new(unsafe { rseq::mag_pop_tp(offset, self.base, self.ncpus) }.cast::<u8>())
     }
 
     /// A push of `round` into the current CPU's loaded magazine if it has room (no swap,
@@ -406,9 +407,9 @@ impl RawSlots {
     #[inline(always)]
     pub(crate) unsafe fn push(self, round: NonNull<u8>) -> bool {
         // Unchecked: as in `pop`.
-        let area = rseq::thread_area_unchecked();
+        let offset = rseq::thread_offset_unchecked();
         // SAFETY: as in `pop`.
-        unsafe { rseq::mag_push(area, self.base, self.ncpus, round.as_ptr().cast()) }
+        unsafe { rseq::mag_push_tp(offset, self.base, self.ncpus, round.as_ptr().cast()) }
     }
 }
 
