@@ -54,6 +54,14 @@
 //!   allocating at the fork.
 //! - **Thread exit**: the caches are per CPU, not per thread, so an exiting thread
 //!   leaves nothing behind and needs no hook; a block may be freed by any thread.
+//! - **No inlining into the standard library**: release builds are one LTO module
+//!   (the workspace's `[profile.release]`), in which this crate's `malloc` and `free`
+//!   are the definitions of the very symbols `std` calls. Each exported function is
+//!   `#[inline(never)]`: inlined, it would bind some of `std`'s allocations here while
+//!   its other calls still go through the PLT to whichever `malloc` wins interposition
+//!   (an executable that exports its own, as `rustc` exports jemalloc, wins over a
+//!   preload), and a block would be freed by an allocator that never made it (`rustc`
+//!   under the preload crashed so; `ci/preload.sh` runs it).
 //! - **Foreign pointers**: `free` ignores a pointer the library did not hand out (the
 //!   dynamic loader's own minimal allocator predates us), `malloc_usable_size` says 0
 //!   for one, and `realloc` of one fails (null, `ENOMEM`).
@@ -176,6 +184,7 @@ unsafe fn realloc_impl(ptr: *mut c_void, size: usize) -> *mut c_void {
 ///
 /// None: callable from C at any time (see the crate docs).
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
     or_enomem(umem::malloc(size))
 }
@@ -186,6 +195,7 @@ pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
 ///
 /// 1. `ptr` is null or a live block from this library, not freed since.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub unsafe extern "C" fn free(ptr: *mut c_void) {
     // SAFETY: (1) is the caller's, and is `umem::free`'s only precondition.
     unsafe { umem::free(ptr.cast()) }
@@ -198,6 +208,7 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
 ///
 /// None: callable from C at any time.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
     or_enomem(umem::calloc(n, size))
 }
@@ -209,6 +220,7 @@ pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
 ///
 /// 1. `ptr` is null or a live block from this library, not freed since.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void {
     // SAFETY: (1) is the caller's, as `realloc_impl` needs.
     unsafe { realloc_impl(ptr, size) }
@@ -221,6 +233,7 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
 ///
 /// 1. `ptr` is null or a live block from this library, not freed since.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub unsafe extern "C" fn reallocarray(ptr: *mut c_void, n: size_t, size: size_t) -> *mut c_void {
     let Some(bytes) = n.checked_mul(size) else {
         set_errno(libc::ENOMEM);
@@ -237,6 +250,7 @@ pub unsafe extern "C" fn reallocarray(ptr: *mut c_void, n: size_t, size: size_t)
 ///
 /// None: callable from C at any time.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
     memalign_impl(align, size)
 }
@@ -249,6 +263,7 @@ pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
 ///
 /// 1. `memptr` is valid for a write of one pointer.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub unsafe extern "C" fn posix_memalign(memptr: *mut *mut c_void, align: size_t, size: size_t) -> c_int {
     let word = size_of::<*mut c_void>();
     if !align.is_multiple_of(word) || !(align / word).is_power_of_two() {
@@ -270,6 +285,7 @@ pub unsafe extern "C" fn posix_memalign(memptr: *mut *mut c_void, align: size_t,
 ///
 /// None: callable from C at any time.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_void {
     if !align.is_power_of_two() {
         set_errno(libc::EINVAL);
@@ -284,6 +300,7 @@ pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_vo
 ///
 /// None: callable from C at any time.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
     memalign_impl(page_size(), size)
 }
@@ -295,6 +312,7 @@ pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
 ///
 /// None: callable from C at any time.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
     let page = page_size();
     let Some(rounded) = size.max(1).checked_next_multiple_of(page) else {
@@ -311,6 +329,7 @@ pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
 ///
 /// 1. `ptr` is null or a live block from this library, not freed since.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub unsafe extern "C" fn malloc_usable_size(ptr: *mut c_void) -> size_t {
     // SAFETY: (1) is the caller's, and is `umem::usable_size`'s only precondition.
     unsafe { umem::usable_size(ptr.cast_const().cast()) }
@@ -322,6 +341,7 @@ pub unsafe extern "C" fn malloc_usable_size(ptr: *mut c_void) -> size_t {
 ///
 /// 1. `ptr` is null or a live block from this library, not freed since.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub unsafe extern "C" fn cfree(ptr: *mut c_void) {
     // SAFETY: (1) is `free`'s contract.
     unsafe { free(ptr) }
@@ -333,6 +353,7 @@ pub unsafe extern "C" fn cfree(ptr: *mut c_void) {
 ///
 /// 1. `ptr` is null or a live block from this library, not freed since.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub unsafe extern "C" fn free_sized(ptr: *mut c_void, _size: size_t) {
     // SAFETY: (1) is `free`'s contract.
     unsafe { free(ptr) }
@@ -344,6 +365,7 @@ pub unsafe extern "C" fn free_sized(ptr: *mut c_void, _size: size_t) {
 ///
 /// 1. `ptr` is null or a live block from this library, not freed since.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub unsafe extern "C" fn free_aligned_sized(ptr: *mut c_void, _align: size_t, _size: size_t) {
     // SAFETY: (1) is `free`'s contract.
     unsafe { free(ptr) }
@@ -360,6 +382,7 @@ pub unsafe extern "C" fn free_aligned_sized(ptr: *mut c_void, _align: size_t, _s
 ///
 /// None: callable from C at any time.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub unsafe extern "C" fn __libc_malloc(size: size_t) -> *mut c_void {
     // SAFETY: `malloc` has no precondition.
     unsafe { malloc(size) }
@@ -371,6 +394,7 @@ pub unsafe extern "C" fn __libc_malloc(size: size_t) -> *mut c_void {
 ///
 /// 1. `ptr` is null or a live block from this library, not freed since.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub unsafe extern "C" fn __libc_free(ptr: *mut c_void) {
     // SAFETY: (1) is `free`'s contract.
     unsafe { free(ptr) }
@@ -382,6 +406,7 @@ pub unsafe extern "C" fn __libc_free(ptr: *mut c_void) {
 ///
 /// None: callable from C at any time.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub unsafe extern "C" fn __libc_calloc(n: size_t, size: size_t) -> *mut c_void {
     // SAFETY: `calloc` has no precondition.
     unsafe { calloc(n, size) }
@@ -393,6 +418,7 @@ pub unsafe extern "C" fn __libc_calloc(n: size_t, size: size_t) -> *mut c_void {
 ///
 /// 1. `ptr` is null or a live block from this library, not freed since.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub unsafe extern "C" fn __libc_realloc(ptr: *mut c_void, size: size_t) -> *mut c_void {
     // SAFETY: (1) is `realloc`'s contract.
     unsafe { realloc(ptr, size) }
@@ -404,6 +430,7 @@ pub unsafe extern "C" fn __libc_realloc(ptr: *mut c_void, size: size_t) -> *mut 
 ///
 /// None: callable from C at any time.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub unsafe extern "C" fn __libc_memalign(align: size_t, size: size_t) -> *mut c_void {
     memalign_impl(align, size)
 }
@@ -414,6 +441,7 @@ pub unsafe extern "C" fn __libc_memalign(align: size_t, size: size_t) -> *mut c_
 ///
 /// None: callable from C at any time.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub unsafe extern "C" fn __libc_valloc(size: size_t) -> *mut c_void {
     // SAFETY: `valloc` has no precondition.
     unsafe { valloc(size) }
@@ -425,6 +453,7 @@ pub unsafe extern "C" fn __libc_valloc(size: size_t) -> *mut c_void {
 ///
 /// None: callable from C at any time.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub unsafe extern "C" fn __libc_pvalloc(size: size_t) -> *mut c_void {
     // SAFETY: `pvalloc` has no precondition.
     unsafe { pvalloc(size) }
@@ -437,6 +466,7 @@ pub unsafe extern "C" fn __libc_pvalloc(size: size_t) -> *mut c_void {
 /// glibc `malloc_trim`: gives cached memory back to the kernel now; 1 if any was
 /// released, else 0. `pad` is ignored.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub extern "C" fn malloc_trim(_pad: size_t) -> c_int {
     c_int::from(umem::trim())
 }
@@ -444,6 +474,7 @@ pub extern "C" fn malloc_trim(_pad: size_t) -> c_int {
 /// glibc `mallopt`: 1 for the parameters glibc knows (`M_MXFAST` .. `M_ARENA_MAX`),
 /// which are accepted and ignored (umem has no such knobs); 0 for any other.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub extern "C" fn mallopt(param: c_int, _value: c_int) -> c_int {
     // M_ARENA_MAX (-8) .. M_TRIM_THRESHOLD (-1), and M_MXFAST, M_NLBLKS, M_GRAIN, M_KEEP (1..4).
     c_int::from(matches!(param, -8..=-1 | 1..=4))
@@ -513,6 +544,7 @@ const _: () = assert!(size_of::<Mallinfo>() == size_of::<libc::mallinfo>());
 /// large blocks in use, `fsmblks` = small objects cached, `keepcost` = all blocks
 /// cached; the others are 0.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub extern "C" fn mallinfo2() -> Mallinfo2 {
     let s = umem::stats();
     Mallinfo2 {
@@ -528,6 +560,7 @@ pub extern "C" fn mallinfo2() -> Mallinfo2 {
 
 /// glibc `mallinfo`: [`mallinfo2`] with each field saturated at `INT_MAX`.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub extern "C" fn mallinfo() -> Mallinfo {
     let m = mallinfo2();
     let int = |v: size_t| c_int::try_from(v).unwrap_or(c_int::MAX);
@@ -587,6 +620,7 @@ impl StackText {
 /// layout of `label = value` lines, written with `write(2)` from a stack buffer;
 /// `errno` is preserved.
 #[unsafe(no_mangle)]
+#[inline(never)]
 pub extern "C" fn malloc_stats() {
     let saved_errno = errno();
     let s = umem::stats();

@@ -113,7 +113,7 @@ use super::cache::{Config, ObjectCache};
 use super::cpu_cache::{CpuCaches, RawSlots};
 use super::large::{self, LargeConfig, LargeHeap};
 use super::os;
-use super::region::{self, PAGE, Regions};
+use super::region::{self, PAGE, Regions, StaticRegistry};
 use super::sizeclass::{COLOURED_ALIGN, ClassIndex, MAX_CLASS_SIZE, NCLASSES, class_of, class_size, is_coloured};
 use crate::util::Backoff;
 
@@ -494,7 +494,11 @@ fn make_heap() -> Option<&'static Heap> {
 /// Maps and initialises the heap; null-free pointer or `None` (nothing kept).
 fn build_heap() -> Option<*const Heap> {
     // Manual Refcache epochs: ticked by maintenance, not by a background thread.
-    let regions = Regions::builder().refcache(crate::refcount::Config::manual()).build().ok()?;
+    // SAFETY: REGISTRY is this heap's alone: the heap is built under INIT, and a build
+    // that fails after this line drops its manager, which maps no region before that.
+    let regions = unsafe { Regions::builder().refcache(crate::refcount::Config::manual()).static_registry(&REGISTRY) }
+        .build()
+        .ok()?;
     let large = LargeHeap::new(LargeConfig::default()).ok()?;
     let mem = os::map(core::mem::size_of::<Heap>()).ok()?.cast::<Heap>();
     let now = large::now_ns();
@@ -891,17 +895,22 @@ pub fn calloc(n: usize, size: usize) -> *mut u8 {
 #[inline]
 pub unsafe fn free(ptr: *mut u8) {
     let Some(nn) = NonNull::new(ptr) else { return };
-    // A live object of its page's tag's class, freed once (the caller's contract).
-    let tag = page_tag(ptr);
-    if let Some(slots) = fast_slots(tag) {
-        // SAFETY: published slots of a global layer, which lives forever; the object is
-        // one of its cache's (its page's tag).
-        if unsafe { slots.push(nn) } {
-            return;
+    if REGISTRY.has(ptr) {
+        // SAFETY: in one of the heap's regions, so (the caller's contract: a live block
+        // of ours) in a live slab of a size-class cache, whose pages were tagged with
+        // its class + 1 before the object was handed out (see `page_tag`).
+        let tag = unsafe { region::page_tag(ptr) };
+        // A live object of its page's tag's class, freed once (the caller's contract).
+        if let Some(slots) = fast_slots(tag) {
+            // SAFETY: published slots of a global layer, which lives forever; the
+            // object is one of its cache's (its page's tag).
+            if unsafe { slots.push(nn) } {
+                return;
+            }
+        } else if tag != 0 {
+            // SAFETY: the caller's contract; a size-class object (its page has a tag).
+            return unsafe { free_unfast(nn) };
         }
-    } else if tag != 0 {
-        // SAFETY: the caller's contract; a size-class object (its page has a tag).
-        return unsafe { free_unfast(nn) };
     }
     // SAFETY: the caller's contract.
     unsafe { free_rest(nn) };
@@ -934,10 +943,6 @@ unsafe fn free_unfast(nn: NonNull<u8>) {
 #[inline(never)]
 unsafe fn free_rest(nn: NonNull<u8>) {
     let ptr = nn.as_ptr();
-    // Relaxed: only a hint; `registry_slow` publishes with Release.
-    if REGISTRY.load(Ordering::Relaxed).is_null() {
-        registry_slow();
-    }
     let class = tagged_class(ptr);
     if let Some(class) = class
         && let Some(heap) = heap_if_made()
@@ -990,15 +995,14 @@ fn push_unfast(ptr: NonNull<u8>, class: ClassIndex) -> bool {
     fast(class).is_some_and(|cpu| cpu.try_push_locked(ptr))
 }
 
-/// The heap's region registry once it has one (`Regions::registry`; null before): what
-/// `free` tests a pointer against without reaching the heap. Set once, never changed
-/// (the heap's regions are never dropped).
-static REGISTRY: AtomicPtr<u64> = AtomicPtr::new(ptr::null_mut());
+/// The heap's region registry (`RegionsBuilder::static_registry`): a static, so that
+/// `free` tests a pointer against it with no pointer to load and none to test for null
+/// (all zero until the heap maps its first region; never used by another manager).
+static REGISTRY: StaticRegistry = StaticRegistry::new();
 
 /// The size class of a block in the heap's regions, from its page's tag (the registry
 /// bit, then one load from the region header); `None` for anything else (a large block,
-/// a bootstrap block, a foreign pointer, no heap yet, or no [`REGISTRY`] yet: the first
-/// `free_rest` sets it).
+/// a bootstrap block, a foreign pointer, no heap yet).
 #[inline]
 fn tagged_class(ptr: *const u8) -> Option<ClassIndex> {
     ClassIndex::new(usize::from(page_tag(ptr)).checked_sub(1)?)
@@ -1008,33 +1012,13 @@ fn tagged_class(ptr: *const u8) -> Option<ClassIndex> {
 /// 0 for anything else.
 #[inline(always)]
 fn page_tag(ptr: *const u8) -> u8 {
-    // Acquire: pairs with the Release store in `registry_slow`. Null until `free_rest`
-    // has set it: no call here, so that `free`'s fast path saves no registers.
-    let registry = REGISTRY.load(Ordering::Acquire).cast_const();
-    if registry.is_null() {
-        return 0;
-    }
-    // SAFETY: the global heap's registry, which lives forever.
-    if !unsafe { region::registry_has(registry, ptr) } {
+    if !REGISTRY.has(ptr) {
         return 0;
     }
     // SAFETY: `ptr` is in one of the heap's regions, so (the callers' contract: a live
     // block of ours) in a live slab of a size-class cache, whose pages were tagged with
     // its class + 1 before the object was handed out.
     unsafe { region::page_tag(ptr) }
-}
-
-/// Loads the heap's registry into [`REGISTRY`] once the heap has one.
-#[cold]
-#[inline(never)]
-fn registry_slow() -> Option<*const u64> {
-    let registry = heap_if_made()?.regions.registry();
-    if registry.is_null() {
-        return None;
-    }
-    // Release: pairs with the Acquire load in `tagged_class` (the mapping is there).
-    REGISTRY.store(registry.cast_mut(), Ordering::Release);
-    Some(registry)
 }
 
 /// `malloc_usable_size`: the bytes usable at `ptr` (at least what was asked); 0 for

@@ -162,6 +162,41 @@ const REGISTRY_BITS: usize = 1 << (ADDRESS_BITS - REGION_SIZE.trailing_zeros());
 const REGISTRY_BITS: usize = 64;
 const REGISTRY_BYTES: usize = REGISTRY_BITS / 8;
 
+/// A registry that lives in a static (zero until its manager maps a region) instead of
+/// a mapping of its own, for the one manager whose membership test must not first load
+/// and test a pointer to it: the global heap's, which `free` asks about every pointer
+/// (`RegionsBuilder::static_registry`, [`StaticRegistry::has`]). As large as a mapped
+/// registry (8 MiB of zero-fill address space; the pages a lookup touches come in as
+/// the zero page until a bit near them is set).
+pub(crate) struct StaticRegistry([core::sync::atomic::AtomicU64; REGISTRY_BITS / 64]);
+
+impl core::fmt::Debug for StaticRegistry {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("StaticRegistry").finish_non_exhaustive()
+    }
+}
+
+impl StaticRegistry {
+    /// An empty registry.
+    pub(crate) const fn new() -> Self {
+        Self([const { core::sync::atomic::AtomicU64::new(0) }; REGISTRY_BITS / 64])
+    }
+
+    /// Whether `ptr` lies in a region of the manager that uses this registry:
+    /// [`Regions::contains`] with no pointer to load and none to test for null. Exact
+    /// for a pointer into a live run, a hint otherwise (as `contains`).
+    #[inline(always)]
+    pub(crate) fn has(&self, ptr: *const u8) -> bool {
+        if cfg!(scalemem_loom) {
+            return false;
+        }
+        let index = (ptr as usize) >> REGION_SIZE.trailing_zeros();
+        // Relaxed: see `registry_set`. (`index < REGISTRY_BITS` bounds the word index.)
+        index < REGISTRY_BITS
+            && self.0[index / 64].load(core::sync::atomic::Ordering::Relaxed) & (1 << (index % 64)) != 0
+    }
+}
+
 /// Where a region is in its lifecycle (see the module documentation).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum State {
@@ -224,8 +259,11 @@ struct Shared {
     /// Live runs in all regions.
     runs: usize,
     /// One bit per `REGION_SIZE` of address space: a region of ours starts there.
-    /// Mapped lazily (null until the first region); `REGISTRY_BYTES` long.
+    /// Mapped lazily (null until the first region), or a [`StaticRegistry`] given at
+    /// build; `REGISTRY_BYTES` long.
     registry: *mut u64,
+    /// Whether `registry` is a [`StaticRegistry`] (never unmapped).
+    registry_static: bool,
 }
 
 // SAFETY: the raw pointers in `Shared` point to regions and a registry mapped by the
@@ -299,7 +337,8 @@ struct Inner {
     revivals: AtomicUsize,
     /// Regions mapped so far.
     maps: AtomicUsize,
-    /// The registry's mapping once made (null before): `Shared::registry`, published
+    /// The registry's mapping once made (null before; a static one from the start):
+    /// `Shared::registry`, published
     /// with Release for the lock-free [`Regions::contains`]. Never changes afterwards.
     registry: core::sync::atomic::AtomicPtr<u64>,
 }
@@ -358,6 +397,7 @@ impl RcRelease for RegionRelease {
 pub struct RegionsBuilder {
     config: Config,
     retain: usize,
+    registry: Option<&'static StaticRegistry>,
 }
 
 impl RegionsBuilder {
@@ -375,6 +415,18 @@ impl RegionsBuilder {
         self
     }
 
+    /// Keeps the registry in `registry` instead of a mapping of the manager's own, so
+    /// that [`StaticRegistry::has`] tests membership without reaching the manager.
+    ///
+    /// # Safety
+    /// No other manager uses `registry` while this one lives (its bits would claim that
+    /// manager's regions for this one), and it is empty: never used, or used only by
+    /// managers that have been dropped (a drop clears the bits of the regions it unmaps).
+    pub(crate) unsafe fn static_registry(mut self, registry: &'static StaticRegistry) -> Self {
+        self.registry = Some(registry);
+        self
+    }
+
     /// Makes the manager: maps its state and starts its Refcache. Fails if the kernel
     /// refuses the memory or the ticker thread cannot start.
     pub fn build(self) -> Result<Regions, AllocError> {
@@ -387,7 +439,8 @@ impl RegionsBuilder {
                 retained: List::new(),
                 retain_limit: self.retain,
                 runs: 0,
-                registry: ptr::null_mut(),
+                registry: self.registry.map_or(ptr::null_mut(), |r| r.0.as_ptr().cast::<u64>().cast_mut()),
+                registry_static: self.registry.is_some(),
             }),
             mapped: AtomicUsize::new(0),
             returned: AtomicUsize::new(0),
@@ -395,7 +448,9 @@ impl RegionsBuilder {
             releases: AtomicUsize::new(0),
             revivals: AtomicUsize::new(0),
             maps: AtomicUsize::new(0),
-            registry: core::sync::atomic::AtomicPtr::new(ptr::null_mut()),
+            registry: core::sync::atomic::AtomicPtr::new(
+                self.registry.map_or(ptr::null_mut(), |r| r.0.as_ptr().cast::<u64>().cast_mut()),
+            ),
         };
         // SAFETY: a fresh mapping of at least `size_of::<Inner>()` bytes, page-aligned.
         unsafe { inner.as_ptr().write(value) };
@@ -439,7 +494,7 @@ impl Regions {
 
     /// The builder: Refcache configuration and retention limit.
     pub fn builder() -> RegionsBuilder {
-        RegionsBuilder { config: Config::default(), retain: 4 }
+        RegionsBuilder { config: Config::default(), retain: 4, registry: None }
     }
 
     fn inner(&self) -> &Inner {
@@ -1034,12 +1089,20 @@ impl Drop for Regions {
                 let r = list.head;
                 // SAFETY: `r` is on `list`; exclusive access.
                 unsafe { list.unlink(r) };
+                // A static registry outlives us: it must not keep claiming the address.
+                if s.registry_static {
+                    // SAFETY: registered by `map_region` (so below 2^ADDRESS_BITS);
+                    // exclusive access.
+                    unsafe { registry_set(s.registry, r as usize, false) };
+                }
                 // SAFETY: mapped by `map_region`; a region still active here had runs
                 // leaked by a forgotten slab cache, which nobody can reach any more.
                 unsafe { os::unmap_aligned(NonNull::new_unchecked(r.cast()), REGION_SIZE, REGION_SIZE) };
             }
         }
-        if let Some(registry) = NonNull::new(s.registry) {
+        if let Some(registry) = NonNull::new(s.registry)
+            && !s.registry_static
+        {
             // SAFETY: mapped in `map_region` with this length; no region is left.
             unsafe { os::unmap(registry.cast(), REGISTRY_BYTES) };
         }
@@ -1248,5 +1311,36 @@ unsafe fn registry_set(registry: *mut u64, base: usize, on: bool) {
         word.fetch_or(1 << (index % 64), core::sync::atomic::Ordering::Relaxed);
     } else {
         word.fetch_and(!(1 << (index % 64)), core::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[cfg(all(test, not(scalemem_loom)))]
+mod tests {
+    use super::*;
+
+    /// A manager on a static registry marks its regions there (so `has` finds a run's
+    /// pointers and nothing else) and clears them when it drops, leaving the registry
+    /// empty for the next manager.
+    #[test]
+    fn a_static_registry_holds_the_managers_regions_and_is_empty_after_it() {
+        static REGISTRY: StaticRegistry = StaticRegistry::new();
+        let local = 7u8;
+        for _ in 0..2 {
+            // SAFETY: this test's registry, used by one manager at a time, empty at each
+            // build (the previous manager dropped).
+            let regions =
+                unsafe { Regions::builder().refcache(Config::manual()).static_registry(&REGISTRY) }.build().unwrap();
+            assert!(!REGISTRY.has(ptr::from_ref(&local)));
+            let run = regions.alloc_run(2, 1, |base| base).unwrap();
+            let p = run.as_ptr().cast_const();
+            assert!(REGISTRY.has(p) && REGISTRY.has(p.wrapping_add(2 * PAGE - 1)));
+            assert!(regions.contains(p), "the manager reads the same registry");
+            assert!(!REGISTRY.has(ptr::from_ref(&local)), "a stack address is not ours");
+            assert!(!REGISTRY.has(core::ptr::without_provenance(usize::MAX)), "beyond the address space");
+            // The run is left to the drop (a leaked run's region is unmapped there).
+            drop(regions);
+            assert!(!REGISTRY.has(p), "the dropped manager's region is still claimed");
+        }
+        assert!(REGISTRY.0.iter().all(|w| w.load(Ordering::Relaxed) == 0));
     }
 }
