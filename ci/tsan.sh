@@ -74,12 +74,6 @@ export RUSTC_BOOTSTRAP=1
 export RUSTFLAGS="-Zsanitizer=thread -Cunsafe-allow-abi-mismatch=sanitizer --cfg scalemem_tsan"
 export CARGO_TARGET_DIR=target/tsan
 export TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/ci/tsan.supp"
-# One test at a time: the harness then joins each test's thread (pthread_join, which TSan
-# sees) instead of dropping its handle, whose last Arc reference (fence(Acquire) in the
-# uninstrumented std, inlined into test::run_test so the Arc suppression cannot match)
-# freed the thread's closure with no edge TSan models: a report against the harness
-# itself, seen in 2 of 6 runs of the lib tests on 2026-12-03, never with one thread.
-export RUST_TEST_THREADS=1
 target=x86_64-unknown-linux-gnu
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
