@@ -15,7 +15,8 @@
 #   channels, Once/OnceLock/LazyLock, Mutex slow paths, the completion of scoped threads
 #   (std::thread::scope) and Arc's final drop (fence(Acquire)) carry happens-before
 #   edges TSan misses. ci/tsan.supp suppresses reports with a frame inside std's
-#   channels, Once/OnceLock/LazyLock or Arc's Drop only (the test harness alone reports
+#   channels, Once/OnceLock/LazyLock or Arc's Drop, or exactly test::run_test (the
+#   harness freeing a finished test's closure) only (the test harness alone reports
 #   every binary's results through a channel); nothing in scalemem's code is suppressed.
 # - Standalone fences (cpu::fence::light/heavy: compiler fence + membarrier, or SeqCst
 #   fences in symmetric mode) are not modelled.
