@@ -388,6 +388,61 @@ fn release_after_a_purge_counts_each_page_once() {
     regions.assert_valid();
 }
 
+/// Pages a purge gave back are marked clean: a later purge gives back (and counts) only
+/// pages freed since, not the hole it already gave back; a run taken from a clean
+/// stretch makes its pages dirty again when freed; and the release that retains the
+/// region gives back only the pages no purge has: every page is counted once each time
+/// it goes back, and none stays resident.
+#[test]
+fn purges_and_release_skip_clean_pages() {
+    let regions = manual(1);
+    let cache = SlabCache::builder(&regions, "pages", PAGE, PAGE).max_empty(0).build().unwrap();
+    let mut pages: Vec<_> = (0..8).map(|_| cache.alloc().unwrap()).collect();
+    pages.sort_by_key(|p| p.as_ptr() as usize);
+    for &p in &pages {
+        fill(p, PAGE, 5);
+    }
+    let region = pages[0].as_ptr() as usize & !(REGION_SIZE - 1);
+    assert!(pages.iter().all(|p| p.as_ptr() as usize & !(REGION_SIZE - 1) == region));
+    let body = (region + HEADER_PAGES * PAGE) as *const u8;
+    let body_len = REGION_SIZE - HEADER_PAGES * PAGE;
+    let free = |p: NonNull<u8>| {
+        // SAFETY: from `cache`, freed once (each caller frees a distinct page).
+        unsafe { cache.free(p) }.unwrap();
+    };
+    // A hole of two pages below live ones.
+    free(pages[2]);
+    free(pages[3]);
+    assert_eq!(regions.purge(1), 2 * PAGE, "the hole");
+    assert!(!any_resident(pages[2].as_ptr(), 2 * PAGE));
+    regions.assert_valid();
+    // Another page freed: the next purge gives back that page only.
+    free(pages[5]);
+    assert_eq!(regions.purge(1), PAGE, "only the page freed since");
+    assert_eq!(regions.stats().returned_bytes, 3 * PAGE);
+    regions.assert_valid();
+    // A run taken from the clean hole (first fit: its first page), written and freed,
+    // is dirty again.
+    let again = cache.alloc().unwrap();
+    assert_eq!(again, pages[2], "first fit takes the clean hole");
+    fill(again, PAGE, 6);
+    free(again);
+    assert_eq!(regions.purge(1), PAGE, "the retaken page only");
+    assert_eq!(regions.stats().returned_bytes, 4 * PAGE);
+    regions.assert_valid();
+    // Everything else freed: the release gives back the five pages still dirty.
+    for i in [0, 1, 4, 6, 7] {
+        free(pages[i]);
+    }
+    let ticks = tick_until(&regions, 8, |r| r.stats().releases == 1);
+    assert!(ticks <= 6, "release took {ticks} ticks");
+    let st = regions.stats();
+    assert_eq!(st.retained_regions, 1, "{st:?}");
+    assert_eq!(st.returned_bytes, 9 * PAGE, "four by the purges, five by the release: {st:?}");
+    assert!(!any_resident(body, body_len), "madvised pages still resident");
+    regions.assert_valid();
+}
+
 /// An emptied region that gets a slab again before its release is revived: no release,
 /// no new map, and its count follows the live slabs.
 #[test]

@@ -61,7 +61,8 @@
 //! - **Release** ([`RcRelease::release`], on the thread that ticks the Refcache): takes
 //!   the manager's lock and unlinks the region. If fewer than the builder's `retain`
 //!   regions are retained, the pages past the header and below its touched mark (the
-//!   only ones written since its pages last went back) are given back with
+//!   only ones written since its pages last went back), less those a purge already gave
+//!   back and no run has taken since (*clean* pages), are given back with
 //!   `madvise(MADV_DONTNEED)` and the region joins the retained list (mapped, not
 //!   counted); otherwise it is unregistered and unmapped.
 //! - **Reuse of a retained region**: when no active region has room, a retained one is
@@ -75,7 +76,9 @@
 //! - **Purge** ([`Regions::purge`]): the free pages of active regions go back with
 //!   `madvise(MADV_DONTNEED)` at once, region by region under the lock, without waiting
 //!   for the release; each region counts the pages freed since its last purge (`dirty`)
-//!   so that a purge skips regions with nothing new to give. Object caches call it when
+//!   so that a purge skips regions with nothing new to give, and marks the pages it gave
+//!   back clean, so that no later purge or release gives (or counts) them again before a
+//!   run takes them. Object caches call it when
 //!   a free finds their depot over its trim threshold (`cache.rs`, "Free-time trim").
 //!
 //! # Lookup
@@ -121,7 +124,8 @@
 //!    pages; the runs (maximal stretches of equal non-zero entries) number `slabs`.
 //! 3. A retained region has no runs, a zero page map, no dying mark, no dirty pages and
 //!    its touched mark at the header's end; in every region the dirty count is at most
-//!    `USABLE_PAGES` and no used page lies at or past the touched mark.
+//!    `USABLE_PAGES`, no used page lies at or past the touched mark, and every clean page
+//!    (given back since it was last in a run) is free and below the mark.
 //! 4. The sum of `slabs` is the manager's run count; the list lengths match their counts;
 //!    `mapped_bytes` is `REGION_SIZE` times the regions on both lists.
 //! 5. When nothing runs ([`Regions::assert_counts_settled`]): every active region's
@@ -229,6 +233,10 @@ struct Locked {
     touched: usize,
     /// Bit `i` set: page `i` is in the header or in a run.
     used: [u64; USED_WORDS],
+    /// Bit `i` set: page `i` (below `touched`) is free and has gone back to the kernel
+    /// since it was last in a run, so it reads as zero and costs no memory: a purge or a
+    /// release skips it (and does not count it again). Cleared when a run takes the page.
+    clean: [u64; USED_WORDS],
 }
 
 /// The header at the start of every region.
@@ -347,8 +355,9 @@ pub struct RegionStats {
     pub mapped_bytes: usize,
     /// Bytes given back to the kernel with `madvise(MADV_DONTNEED)` so far: free
     /// stretches below a region's touched mark (by [`Regions::purge`], and by a release
-    /// that retains the region). Pages a purge gave back and that stayed free are given,
-    /// and counted, again if their region is later released and retained.
+    /// that retains the region). A page is counted once each time it goes back after
+    /// being in a run: pages a purge gave back and that stayed free are not given, or
+    /// counted, again by a later purge or release.
     pub returned_bytes: usize,
     /// Bytes unmapped so far.
     pub unmapped_bytes: usize,
@@ -742,7 +751,8 @@ impl Regions {
     /// `min_dirty` pages (at least one) freed since its free pages last went back:
     /// `madvise(MADV_DONTNEED)` on each stretch of free pages below the region's touched
     /// mark (pages past every run taken since the region's pages last went back were
-    /// never written, and are left alone), under the manager's lock,
+    /// never written, and are left alone) that has not gone back since it was last in a
+    /// run (such pages are marked clean, and skipped), under the manager's lock,
     /// so that no run can be taken from a stretch while it is given back. The lock is
     /// taken once per region, not across the pass. A page given back reads as zero and
     /// costs a fault when a later run touches it: this is the free-time trim of the
@@ -800,29 +810,9 @@ impl Regions {
                         continue;
                     }
                     locked.dirty = 0;
-                    let mut bytes = 0;
-                    let mut page = HEADER_PAGES;
-                    // The first page past the last used one: what `touched` becomes.
-                    let mut end = HEADER_PAGES;
-                    while page < locked.touched {
-                        if locked.used[page / 64] & (1 << (page % 64)) != 0 {
-                            page += 1;
-                            end = page;
-                            continue;
-                        }
-                        let first = page;
-                        while page < locked.touched && locked.used[page / 64] & (1 << (page % 64)) == 0 {
-                            page += 1;
-                        }
-                        let len = (page - first) * PAGE;
-                        // SAFETY: pages `first..page` of a mapped region are in no run (their
-                        // bits are clear) and nobody can take them while we hold the lock;
-                        // page-aligned (PAGE is a multiple of the kernel's page on x86_64).
-                        if unsafe { os::dontneed(NonNull::new_unchecked((r as *mut u8).add(first * PAGE)), len) } {
-                            bytes += len;
-                        }
-                    }
-                    locked.touched = end;
+                    // SAFETY: a mapped region of ours, under the lock (nobody can take a
+                    // run from it meanwhile).
+                    let bytes = unsafe { give_back_free(r, locked) };
                     // Relaxed: a statistic.
                     inner.returned.fetch_add(bytes, Ordering::Relaxed);
                     return Some((r, bytes));
@@ -948,6 +938,11 @@ impl Regions {
                     if state == State::Retained {
                         assert_eq!(locked.touched, HEADER_PAGES, "region: a retained region marked touched");
                     }
+                    assert!(
+                        (0..USED_WORDS).all(|w| locked.clean[w] & locked.used[w] == 0)
+                            && (locked.touched..PAGES).all(|p| locked.clean[p / 64] & (1 << (p % 64)) == 0),
+                        "region: a clean page in a run or past the touched mark"
+                    );
                     runs += region_runs;
                     cursor = locked.next;
                 }
@@ -1014,18 +1009,12 @@ impl Inner {
             // Relaxed (stats): statistics.
             stats.releases.fetch_add(1, Ordering::Relaxed);
             if s.retained.len < s.retain_limit {
-                let body = HEADER_PAGES * PAGE;
-                // Pages from the touched mark on were not written since the region's
-                // pages last went back (or ever): only the stretch below it can be
-                // resident, so only it is given back, and counted. (A stretch below the
-                // mark that a purge already gave back is given, and counted, again.)
-                let end = locked.touched * PAGE;
-                // SAFETY: the pages past the header hold no runs (count zero), are
-                // page-aligned (PAGE is a multiple of the kernel's page on x86_64) and
-                // inside the region's mapping (`touched <= PAGES`).
-                if end > body && unsafe { os::dontneed(NonNull::new_unchecked((r as *mut u8).add(body)), end - body) } {
-                    stats.returned.fetch_add(end - body, Ordering::Relaxed);
-                }
+                // Every page past the header is free (count zero): those below the touched
+                // mark and not clean go back, and are counted.
+                // SAFETY: a mapped region of ours, unlinked, under the lock.
+                let bytes = unsafe { give_back_free(r, locked) };
+                stats.returned.fetch_add(bytes, Ordering::Relaxed);
+                locked.clean = [0; USED_WORDS];
                 locked.dying = false;
                 locked.dirty = 0;
                 locked.touched = HEADER_PAGES;
@@ -1114,6 +1103,53 @@ fn region_of(addr: usize) -> usize {
     addr & !(REGION_SIZE - 1)
 }
 
+/// Gives the kernel (`madvise(MADV_DONTNEED)`) every stretch of free pages of `r` below
+/// its touched mark that is not clean, marks those pages clean, lowers the touched mark
+/// to the first page past the last used one (clearing the clean bits it leaves behind:
+/// pages past the mark are untouched by definition), and returns the bytes given back.
+/// A stretch the kernel refuses stays dirty (and uncounted).
+///
+/// # Safety
+/// Under the manager's lock; `r` is a mapped region of the manager and `locked` its
+/// `locked` field.
+unsafe fn give_back_free(r: *mut RegionHeader, locked: &mut Locked) -> usize {
+    let bit = |map: &[u64; USED_WORDS], page: usize| map[page / 64] & (1 << (page % 64)) != 0;
+    let mut bytes = 0;
+    let mut page = HEADER_PAGES;
+    // The first page past the last used one: what `touched` becomes.
+    let mut end = HEADER_PAGES;
+    while page < locked.touched {
+        if bit(&locked.used, page) {
+            page += 1;
+            end = page;
+            continue;
+        }
+        if bit(&locked.clean, page) {
+            page += 1;
+            continue;
+        }
+        let first = page;
+        while page < locked.touched && !bit(&locked.used, page) && !bit(&locked.clean, page) {
+            page += 1;
+        }
+        // SAFETY: pages `first..page` of a mapped region are in no run (their used bits
+        // are clear) and nobody can take them while the caller holds the lock;
+        // page-aligned (PAGE is a multiple of the kernel's page on x86_64) and inside
+        // the mapping (`touched <= PAGES`).
+        if unsafe { os::dontneed(NonNull::new_unchecked((r as *mut u8).add(first * PAGE)), (page - first) * PAGE) } {
+            bytes += (page - first) * PAGE;
+            for p in first..page {
+                locked.clean[p / 64] |= 1 << (p % 64);
+            }
+        }
+    }
+    for p in end..locked.touched {
+        locked.clean[p / 64] &= !(1 << (p % 64));
+    }
+    locked.touched = end;
+    bytes
+}
+
 /// The first stretch of `pages` free pages (past the header) in `used`.
 fn find_run(used: &[u64; USED_WORDS], pages: usize) -> Option<usize> {
     let mut len = 0;
@@ -1152,6 +1188,7 @@ unsafe fn take_run(
     for page in first..first + pages {
         debug_assert!(locked.used[page / 64] & (1 << (page % 64)) == 0);
         locked.used[page / 64] |= 1 << (page % 64);
+        locked.clean[page / 64] &= !(1 << (page % 64));
         // SAFETY: the region is mapped. Relaxed (the tag): see [`page_tag`]. Release (the
         // owner): pairs with the Acquire load in `owner_of` (the free path follows the
         // address to the slab header).
@@ -1202,6 +1239,7 @@ fn map_region(s: &mut Shared, inner: &Inner) -> Result<*mut RegionHeader, AllocE
             dirty: 0,
             touched: HEADER_PAGES,
             used,
+            clean: [0; USED_WORDS],
         },
         map: core::array::from_fn(|_| AtomicUsize::new(0)),
         tags: core::array::from_fn(|_| AtomicU8::new(0)),
