@@ -396,6 +396,52 @@ fn trim_gives_memory_back() {
     assert_eq!(after.large_cached, 0);
 }
 
+/// `trim` (`malloc_trim`) also gives back the free pages of regions that stay in use:
+/// here a megabyte of 4 KiB blocks, the first quarter and the last block kept live (so
+/// no region empties and none is released), the rest freed (under the free-time trim's
+/// threshold, so nothing is given back before the call). After `trim`, most freed
+/// blocks' pages are no longer resident, and the heap counts them as returned.
+#[test]
+fn trim_gives_back_free_pages_of_regions_in_use() {
+    let _serial = serial();
+    const N: usize = 256;
+    let blocks: Vec<usize> = (0..N)
+        .map(|i| {
+            let p = global::malloc(4096);
+            assert!(!p.is_null());
+            // SAFETY: 4096 writable bytes of ours.
+            unsafe { p.write_bytes(i as u8 | 1, 4096) };
+            p as usize
+        })
+        .collect();
+    let freed: Vec<usize> = blocks[N / 4..N - 1].to_vec();
+    for &p in &freed {
+        // SAFETY: from `malloc`, freed once.
+        unsafe { global::free(p as *mut u8) };
+    }
+    let before = global::stats().returned;
+    global::trim();
+    let after = global::stats().returned;
+    let resident = freed
+        .iter()
+        .filter(|&&p| {
+            let mut vec = [0u8; 1];
+            // SAFETY: the block's page lies in a region the heap keeps mapped (it holds
+            // live blocks); `vec` has one byte for the one page.
+            let rc = unsafe { libc::mincore((p & !4095) as *mut libc::c_void, 4096, vec.as_mut_ptr()) };
+            assert_eq!(rc, 0, "mincore failed");
+            vec[0] & 1 != 0
+        })
+        .count();
+    assert!(resident <= freed.len() / 2, "{resident} of {} freed blocks still resident", freed.len());
+    assert!(after - before >= freed.len() / 2 * 4096, "returned {before} -> {after}");
+    for &p in blocks[..N / 4].iter().chain(&blocks[N - 1..]) {
+        check(p as *const u8, 4096, blocks.iter().position(|&q| q == p).unwrap() as u8 | 1);
+        // SAFETY: from `malloc`, freed once.
+        unsafe { global::free(p as *mut u8) };
+    }
+}
+
 /// With the maintenance thread running, memory the program freed goes back to the
 /// kernel with no further call into the allocator: the program frees and then sleeps.
 #[test]

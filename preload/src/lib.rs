@@ -632,6 +632,7 @@ pub extern "C" fn malloc_stats() {
     out.line(b"large cached     = ", s.large_cached);
     out.line(b"small cached     = ", s.small_cached);
     out.line(b"bootstrap bytes  = ", s.bootstrap);
+    out.line(b"returned bytes   = ", s.returned);
     let mut done = 0;
     while done < out.len {
         let rest = out.buf.get(done..out.len).unwrap_or(&[]);

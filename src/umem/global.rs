@@ -174,6 +174,10 @@ pub struct UmemStats {
     /// slab taken or given back, a region under review); a settled heap's periodic
     /// maintenance leaves it, and the CPUs, alone.
     pub region_epoch: usize,
+    /// Bytes of the regions' free pages given back to the kernel (`madvise`) so far, a
+    /// running total: by free-time trims, by [`trim`], and when an empty region is kept
+    /// mapped for reuse ([`RegionStats::returned_bytes`](super::region::RegionStats)).
+    pub returned: usize,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1125,7 +1129,10 @@ unsafe fn move_block(ptr: *mut u8, old: usize, size: usize, align: usize) -> *mu
 
 /// `malloc_trim`: gives back now what the heap caches — every magazine drained, empty
 /// slabs back to the regions, the regions' Refcache ticked until empty regions are
-/// released, freed large blocks released. Returns whether the mapped bytes dropped.
+/// released, the free pages of the regions still in use given back (`madvise`, as
+/// glibc's `malloc_trim` does inside its heaps; pages already given back are skipped),
+/// freed large blocks released. Returns whether anything went back (mapped bytes
+/// dropped, or pages were given back).
 ///
 /// ```
 /// let p = scalemem::umem::global::malloc(1 << 20);
@@ -1145,9 +1152,10 @@ pub fn trim() -> bool {
     // Two whole Refcache epochs after the last slab left a region, plus one for the
     // review queue: the region is released on this thread (or by a concurrent ticker).
     heap.regions.advance(4);
+    let purged = heap.regions.purge(1);
     heap.large.purge();
     heap.maint.unlock();
-    mapped(heap) < before
+    mapped(heap) < before || purged > 0
 }
 
 /// One maintenance step now (the Refcache tick, every cache's working-set update and
@@ -1221,6 +1229,7 @@ pub fn stats() -> UmemStats {
         large_cached: large.dirty + large.madvised,
         bootstrap,
         region_epoch: heap.regions.refcache().epoch(),
+        returned: heap.regions.stats().returned_bytes,
         ..UmemStats::default()
     };
     for cache in heap.made() {
