@@ -223,6 +223,48 @@ fn write_latency_report() {
     one::<Sharded>();
 }
 
+/// The report's name, as a filter sees it.
+const LATENCY_REPORT: &str = "rmlock/write_latency";
+
+/// Whether the command line asks for the write-latency report: not with `--list`,
+/// `--test` or `--profile-time` (criterion's modes that run nothing or one benchmark),
+/// and, when a filter is given, only if the filter's text is part of
+/// [`LATENCY_REPORT`] (so `write`, `latency` or the whole name select it, and a filter
+/// for other benchmarks skips it). Options such as `--noplot` or `--save-baseline NAME`
+/// do not count as filters.
+fn wants_latency_report(args: impl Iterator<Item = String>) -> bool {
+    // Criterion's options that take a value: the next argument is that value.
+    const WITH_VALUE: [&str; 14] = [
+        "--save-baseline",
+        "--baseline",
+        "--baseline-lenient",
+        "--load-baseline",
+        "--sample-size",
+        "--warm-up-time",
+        "--measurement-time",
+        "--nresamples",
+        "--noise-threshold",
+        "--confidence-level",
+        "--significance-level",
+        "--plotting-backend",
+        "--output-format",
+        "--color",
+    ];
+    let mut args = args.peekable();
+    let mut filter = None;
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--list" | "--test" | "--profile-time" => return false,
+            a if WITH_VALUE.contains(&a) || a == "-c" => {
+                args.next();
+            }
+            a if a.starts_with('-') => {}
+            _ => filter = Some(arg),
+        }
+    }
+    filter.is_none_or(|f| LATENCY_REPORT.contains(f.as_str()))
+}
+
 fn main() {
     common::report_environment("before");
     let mut criterion = config().configure_from_args();
@@ -230,9 +272,7 @@ fn main() {
     read_threads(&mut criterion);
     write_with_reader(&mut criterion);
     criterion.final_summary();
-    // Skipped when a filter or `--list`/`--test` asks for a subset.
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
-    if args.is_empty() {
+    if wants_latency_report(std::env::args().skip(1)) {
         write_latency_report();
     }
     common::report_environment("after");
