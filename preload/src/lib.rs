@@ -54,6 +54,13 @@
 //!   allocating at the fork.
 //! - **Thread exit**: the caches are per CPU, not per thread, so an exiting thread
 //!   leaves nothing behind and needs no hook; a block may be freed by any thread.
+//! - **`vfork` children** (and any `clone(CLONE_VM)` child that keeps its parent's
+//!   thread pointer) must not allocate before `exec` or `_exit`, as POSIX says: the
+//!   kernel does not register such a child's rseq area (it is the suspended parent's),
+//!   so the CPU number the library reads there is the parent's last one and a per-CPU
+//!   magazine operation of the child is not restarted if it is preempted; it could
+//!   race another thread of the parent on that CPU. glibc's `posix_spawn` (and Rust's
+//!   `Command`) allocate nothing in the child.
 //! - **No inlining into the standard library**: release builds are one LTO module
 //!   (the workspace's `[profile.release]`), in which this crate's `malloc` and `free`
 //!   are the definitions of the very symbols `std` calls. Each exported function is
