@@ -443,6 +443,38 @@ fn purges_and_release_skip_clean_pages() {
     regions.assert_valid();
 }
 
+/// A give-back the kernel refuses leaves the pages dirty and below the touched mark:
+/// nothing is counted, and the next purge tries them again.
+#[test]
+fn refused_purge_is_retried() {
+    let regions = manual(1);
+    let cache = SlabCache::builder(&regions, "pages", PAGE, PAGE).max_empty(0).build().unwrap();
+    let mut pages: Vec<_> = (0..8).map(|_| cache.alloc().unwrap()).collect();
+    pages.sort_by_key(|p| p.as_ptr() as usize);
+    for &p in &pages {
+        fill(p, PAGE, 7);
+    }
+    for &p in &pages[4..] {
+        // SAFETY: from `cache`, freed once.
+        unsafe { cache.free(p) }.unwrap();
+    }
+    testing::refuse_dontneed(true);
+    let refused = regions.purge(1);
+    testing::refuse_dontneed(false);
+    assert_eq!(refused, 0, "nothing went back");
+    assert_eq!(regions.stats().returned_bytes, 0);
+    assert!(any_resident(pages[4].as_ptr(), 4 * PAGE), "the refused pages are resident");
+    regions.assert_valid();
+    assert_eq!(regions.purge(1), 4 * PAGE, "retried");
+    assert!(!any_resident(pages[4].as_ptr(), 4 * PAGE));
+    assert_eq!(regions.purge(1), 0);
+    regions.assert_valid();
+    for &p in &pages[..4] {
+        // SAFETY: from `cache`, freed once.
+        unsafe { cache.free(p) }.unwrap();
+    }
+}
+
 /// An emptied region that gets a slab again before its release is revived: no release,
 /// no new map, and its count follows the live slabs.
 #[test]

@@ -101,11 +101,16 @@ pub(crate) unsafe fn unmap_aligned(ptr: NonNull<u8>, len: usize, align: usize) {
 /// 1. The range is page-aligned and inside a mapping of ours.
 /// 2. Nothing needs its contents any more.
 pub(crate) unsafe fn dontneed(ptr: NonNull<u8>, len: usize) -> bool {
+    #[cfg(not(scalemem_loom))]
+    if testing::REFUSE_DONTNEED.get() {
+        return false;
+    }
     // SAFETY: (1) and (2) are the caller's.
     unsafe { crate::os::dontneed(ptr, len) }
 }
 
-/// Fault injection for tests (outside semver): make this thread's maps fail.
+/// Fault injection for tests (outside semver): make this thread's maps fail, or its
+/// page give-backs be refused.
 #[doc(hidden)]
 #[cfg(not(scalemem_loom))]
 pub mod testing {
@@ -118,6 +123,20 @@ pub mod testing {
         static RANDOM_STATE: u64;
         /// Random refusals: one map in how many fails; 0: off.
         static RANDOM_ONE_IN: u32;
+        /// Set: this thread's `madvise(MADV_DONTNEED)` calls are refused.
+        pub(super) static REFUSE_DONTNEED: bool;
+    }
+
+    /// Makes this thread's page give-backs (`madvise(MADV_DONTNEED)` through
+    /// `umem::os`) fail, as if the kernel refused them (`true`), or go to the kernel
+    /// again (`false`).
+    ///
+    /// ```
+    /// scalemem::umem::os::testing::refuse_dontneed(true);
+    /// scalemem::umem::os::testing::refuse_dontneed(false);
+    /// ```
+    pub fn refuse_dontneed(refuse: bool) {
+        REFUSE_DONTNEED.set(refuse);
     }
 
     /// Maps this thread may still make before they fail; `usize::MAX`: no limit.

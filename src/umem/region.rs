@@ -809,10 +809,11 @@ impl Regions {
                     if locked.dying || locked.dirty < min_dirty {
                         continue;
                     }
-                    locked.dirty = 0;
                     // SAFETY: a mapped region of ours, under the lock (nobody can take a
                     // run from it meanwhile).
-                    let bytes = unsafe { give_back_free(r, locked) };
+                    let (bytes, refused) = unsafe { give_back_free(r, locked) };
+                    // Refused pages are still there to give: the next purge retries them.
+                    locked.dirty = refused;
                     // Relaxed: a statistic.
                     inner.returned.fetch_add(bytes, Ordering::Relaxed);
                     return Some((r, bytes));
@@ -1012,7 +1013,9 @@ impl Inner {
                 // Every page past the header is free (count zero): those below the touched
                 // mark and not clean go back, and are counted.
                 // SAFETY: a mapped region of ours, unlinked, under the lock.
-                let bytes = unsafe { give_back_free(r, locked) };
+                // Refused pages stay resident in the retained region: a missed saving (the
+                // region is reused, or unmapped, later).
+                let (bytes, _refused) = unsafe { give_back_free(r, locked) };
                 stats.returned.fetch_add(bytes, Ordering::Relaxed);
                 locked.clean = [0; USED_WORDS];
                 locked.dying = false;
@@ -1105,18 +1108,19 @@ fn region_of(addr: usize) -> usize {
 
 /// Gives the kernel (`madvise(MADV_DONTNEED)`) every stretch of free pages of `r` below
 /// its touched mark that is not clean, marks those pages clean, lowers the touched mark
-/// to the first page past the last used one (clearing the clean bits it leaves behind:
-/// pages past the mark are untouched by definition), and returns the bytes given back.
-/// A stretch the kernel refuses stays dirty (and uncounted).
+/// to the first page past the last used or still dirty one (clearing the clean bits it
+/// leaves behind: pages past the mark are untouched by definition), and returns the
+/// bytes given back and the pages the kernel refused: those stay dirty (and uncounted)
+/// below the mark.
 ///
 /// # Safety
 /// Under the manager's lock; `r` is a mapped region of the manager and `locked` its
 /// `locked` field.
-unsafe fn give_back_free(r: *mut RegionHeader, locked: &mut Locked) -> usize {
+unsafe fn give_back_free(r: *mut RegionHeader, locked: &mut Locked) -> (usize, usize) {
     let bit = |map: &[u64; USED_WORDS], page: usize| map[page / 64] & (1 << (page % 64)) != 0;
-    let mut bytes = 0;
+    let (mut bytes, mut refused) = (0, 0);
     let mut page = HEADER_PAGES;
-    // The first page past the last used one: what `touched` becomes.
+    // The first page past the last used (or refused) one: what `touched` becomes.
     let mut end = HEADER_PAGES;
     while page < locked.touched {
         if bit(&locked.used, page) {
@@ -1141,13 +1145,18 @@ unsafe fn give_back_free(r: *mut RegionHeader, locked: &mut Locked) -> usize {
             for p in first..page {
                 locked.clean[p / 64] |= 1 << (p % 64);
             }
+        } else {
+            // Still resident: the touched mark must stay above it, so that a later
+            // purge or release tries again.
+            refused += page - first;
+            end = page;
         }
     }
     for p in end..locked.touched {
         locked.clean[p / 64] &= !(1 << (p % 64));
     }
     locked.touched = end;
-    bytes
+    (bytes, refused)
 }
 
 /// The first stretch of `pages` free pages (past the header) in `used`.
