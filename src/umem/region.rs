@@ -1012,9 +1012,9 @@ impl Inner {
             if s.retained.len < s.retain_limit {
                 // Every page past the header is free (count zero): those below the touched
                 // mark and not clean go back, and are counted.
-                // SAFETY: a mapped region of ours, unlinked, under the lock.
                 // Refused pages stay resident in the retained region: a missed saving (the
                 // region is reused, or unmapped, later).
+                // SAFETY: a mapped region of ours, unlinked, under the lock.
                 let (bytes, _refused) = unsafe { give_back_free(r, locked) };
                 stats.returned.fetch_add(bytes, Ordering::Relaxed);
                 locked.clean = [0; USED_WORDS];
