@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # libscalemem.so as the malloc of C programs (LD_PRELOAD): builds it, checks its exports,
 # runs preload/tests/mix.c with and without it (and under a seccomp filter that refuses
-# membarrier and rseq), checks that its thread-local state never
+# membarrier and rseq), checks that its background thread leaves the program's blocked
+# signals pending (preload/tests/signals.c), checks that its thread-local state never
 # goes through __tls_get_addr (preload/tests/dtv.c), then runs real programs twice, without
 # and with the preload, each checked by its own means, and requires the same output and
 # exit status both times: sqlite3 (joins, indexes, a sort on worker threads, VACUUM,
@@ -51,6 +52,14 @@ MIX_EXPECT=scalemem LD_PRELOAD=$so "$work/mix"
 # notice the refusal itself and run on SeqCst fences and per-CPU try-locks.
 cc -O2 -Wall -Wextra -Werror -o "$work/seccomp_deny" ci/seccomp_deny.c
 MIX_EXPECT=scalemem "$work/seccomp_deny" membarrier rseq -- env LD_PRELOAD="$so" "$work/mix"
+
+# ---- signals: the library's maintenance thread blocks every signal ----------------------
+# A program that blocks signals to take them itself (sigwait, signalfd) must still find
+# them pending with the library's thread running (before 2026-12-04 the thread took
+# every one: the program's handler ran there); setgid/setuid must not hang.
+cc -O2 -Wall -Wextra -Werror -o "$work/signals" preload/tests/signals.c
+"$work/signals"
+SIGNALS_THREADS=2 LD_PRELOAD=$so timeout 60 "$work/signals"
 
 # ---- thread-local state: initial-exec, never __tls_get_addr ------------------------------
 # The library's own TLS words are initial-exec (the loader sets STATIC_TLS), and no
@@ -187,5 +196,5 @@ fi
 echo "LD_PRELOAD: libscalemem.so passed mix.c and every program"
 if [[ -n ${CI_SUMMARY:-} ]]; then
     echo "preload: mix.c and ${#programs[@]} programs (${programs[*]}) identical with and without libscalemem.so;" \
-        "initial-exec TLS, dtv.c 60 runs without a hang" >>"$CI_SUMMARY"
+        "initial-exec TLS, dtv.c 60 runs without a hang, blocked signals stay pending (signals.c)" >>"$CI_SUMMARY"
 fi

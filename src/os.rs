@@ -251,6 +251,42 @@ pub(crate) fn getenv(name: &'static [u8]) -> Option<&'static [u8]> {
 /// unless told to, and would report that garbage as leaked. Built with
 /// `--cfg scalemem_asan` (the CI's sanitizer lane) the mappings are registered as root
 /// regions; otherwise these are no-ops.
+/// Spawns one of the library's background threads (the Refcache ticker, the object
+/// caches' reaper, the global heap's maintenance thread) with every signal blocked, as
+/// jemalloc does for its background threads. A process-directed signal (`kill`, a
+/// terminal's `SIGINT`, a timer) goes to a thread that does not block it; a program
+/// that blocks a signal in all of its own threads, to take it with `sigwait` or a
+/// `signalfd`, would otherwise have it delivered to our thread instead: its handler run
+/// there, or its default action (for `SIGTERM`, the end of the process) taken. The mask
+/// is set in the calling thread around the spawn, so the new thread starts with it
+/// (`pthread_create` copies the creator's mask) and there is no window in which it
+/// could take a signal; the caller's mask is restored before returning. glibc's
+/// `pthread_sigmask` leaves its internal signals (cancellation, `setxid`) unblocked,
+/// so `setuid` from another thread still reaches ours.
+#[cfg(not(scalemem_loom))]
+pub(crate) fn spawn_signal_free<F, T>(
+    builder: std::thread::Builder,
+    f: F,
+) -> std::io::Result<std::thread::JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    // SAFETY: plain-data C types, all-zero is a valid (empty) value before the calls
+    // below fill them.
+    let (mut all, mut saved): (libc::sigset_t, libc::sigset_t) = unsafe { (core::mem::zeroed(), core::mem::zeroed()) };
+    // SAFETY: `all` and `saved` are valid, writable sigsets of this frame; the calls only
+    // change the calling thread's mask, which is restored below whatever the spawn did.
+    let blocked =
+        unsafe { libc::sigfillset(&mut all) == 0 && libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved) == 0 };
+    let spawned = builder.spawn(f);
+    if blocked {
+        // SAFETY: `saved` holds the mask `pthread_sigmask` returned above.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &saved, core::ptr::null_mut()) };
+    }
+    spawned
+}
+
 #[cfg(not(scalemem_loom))]
 mod lsan {
     use core::ptr::NonNull;

@@ -77,6 +77,9 @@
 //!   starts ([`spawn_maintenance_thread`](scalemem::umem::global::spawn_maintenance_thread):
 //!   a Refcache tick every 10 ms, working-set reaping and decay every second), so that a
 //!   program that frees and goes quiet gets its memory back within some 11 s. The
+//!   thread blocks every signal (glibc keeps its internal ones open), so a signal the
+//!   program blocks in its own threads, to take it with `sigwait` or a `signalfd`, stays
+//!   pending for the program (`preload/tests/signals.c`). The
 //!   constructor runs at load time, outside any allocation (a thread started from
 //!   inside `malloc` could wait on a loader lock its caller holds). Set
 //!   `SCALEMEM_BACKGROUND=0` for a process that must stay single-threaded (one that calls

@@ -981,20 +981,18 @@ fn spawn_ticker(domain: &Domain, epoch: Duration) -> Result<std::thread::JoinHan
     }
 
     let ptr = DomainPtr(domain);
-    std::thread::Builder::new()
-        .name("scalemem-refcache".into())
-        .spawn(move || {
-            // SAFETY: see DomainPtr.
-            let domain = unsafe { &*ptr.get() };
-            // Acquire: pairs with the Release store in Refcache::drop.
-            while !domain.stop.load(Ordering::Acquire) {
-                std::thread::park_timeout(epoch);
-                if !domain.stop.load(Ordering::Acquire) {
-                    let _ = domain.tick_if_busy();
-                }
+    crate::os::spawn_signal_free(std::thread::Builder::new().name("scalemem-refcache".into()), move || {
+        // SAFETY: see DomainPtr.
+        let domain = unsafe { &*ptr.get() };
+        // Acquire: pairs with the Release store in Refcache::drop.
+        while !domain.stop.load(Ordering::Acquire) {
+            std::thread::park_timeout(epoch);
+            if !domain.stop.load(Ordering::Acquire) {
+                let _ = domain.tick_if_busy();
             }
-        })
-        .map_err(|_| AllocError)
+        }
+    })
+    .map_err(|_| AllocError)
 }
 
 #[allow(dead_code)]

@@ -1179,8 +1179,10 @@ pub fn maintain() {
 /// memory freed by a program that then goes quiet still goes back to the kernel (within
 /// about ten working-set intervals plus two Refcache epochs, some 11 s). At most one
 /// such thread runs (later calls return `Ok` and start nothing); a `fork`ed child has
-/// none. Call it from ordinary code (`main`, or a library constructor), never from
-/// inside an allocation: starting a thread takes glibc's loader locks.
+/// none. The thread blocks every signal, so that a signal the program blocks in its own
+/// threads (to take it with `sigwait` or a `signalfd`) stays the program's. Call it from
+/// ordinary code (`main`, or a library constructor), never from inside an allocation:
+/// starting a thread takes glibc's loader locks.
 ///
 /// ```no_run
 /// scalemem::umem::global::spawn_maintenance_thread()?;
@@ -1192,7 +1194,8 @@ pub fn spawn_maintenance_thread() -> std::io::Result<()> {
     if STARTED.swap(true, Ordering::Relaxed) {
         return Ok(());
     }
-    let spawned = std::thread::Builder::new().name("umem-maintain".into()).stack_size(64 << 10).spawn(|| {
+    let builder = std::thread::Builder::new().name("umem-maintain".into()).stack_size(64 << 10);
+    let spawned = crate::os::spawn_signal_free(builder, || {
         loop {
             std::thread::sleep(core::time::Duration::from_nanos(TICK_NS));
             if let Some(heap) = heap_if_made() {

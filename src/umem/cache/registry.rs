@@ -131,7 +131,7 @@ mod imp {
         static STARTED: std::sync::Once = std::sync::Once::new();
         STARTED.call_once(|| {
             // If the thread cannot start, caches are still reaped by explicit calls.
-            let _ = std::thread::Builder::new().name("umem-reaper".into()).spawn(|| {
+            let _ = crate::os::spawn_signal_free(std::thread::Builder::new().name("umem-reaper".into()), || {
                 loop {
                     std::thread::sleep(REAP_INTERVAL);
                     CACHES.with(|caches| {
