@@ -1,7 +1,8 @@
 //! A settled global heap costs the machine nothing in the background: its maintenance
 //! thread does not tick the regions' Refcache (each tick is an rseq fence, a
 //! `membarrier` that interrupts every CPU running the process) while no region count is
-//! in flux. A binary of its own: other tests' allocations would move the epoch.
+//! in flux, and wakes about once a second, not every 10 ms tick. A binary of its own:
+//! other tests' allocations would move the epoch.
 
 use std::time::Duration;
 
@@ -26,4 +27,28 @@ fn a_settled_heap_is_not_ticked_by_its_maintenance_thread() {
     // 10 ms); a working-set update (once a second) that still finds something to give
     // back may tick a few times legitimately.
     assert!(after - before < 10, "the settled heap was ticked {} times in 500 ms", after - before);
+    // Nor does the thread itself wake 100 times a second: with the counts settled it
+    // sleeps until the next working-set update (about once a second). Each sleep is one
+    // voluntary context switch of the thread.
+    let wakes = || maintenance_thread_switches().expect("the maintenance thread is running (umem-maintain)");
+    let start = wakes();
+    std::thread::sleep(Duration::from_millis(1500));
+    let woke = wakes() - start;
+    assert!(woke <= 8, "the idle maintenance thread woke {woke} times in 1.5 s");
+}
+
+/// The voluntary context switches of the `umem-maintain` thread so far.
+fn maintenance_thread_switches() -> Option<u64> {
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let dir = task.ok()?.path();
+        if std::fs::read_to_string(dir.join("comm")).ok()?.trim() != "umem-maintain" {
+            continue;
+        }
+        let status = std::fs::read_to_string(dir.join("status")).ok()?;
+        return status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .map(|v| v.trim().parse().unwrap());
+    }
+    None
 }

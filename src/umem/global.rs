@@ -727,25 +727,30 @@ impl Heap {
         }
     }
 
-    /// One maintenance step if one is due and nobody else is doing it.
-    fn maintain(&'static self, force: bool) {
+    /// One maintenance step if one is due and nobody else is doing it. Returns the
+    /// nanoseconds the maintenance thread may sleep before the next step: a tick
+    /// ([`TICK_NS`]) while the regions' counts have work (or when the step was not this
+    /// caller's to take), else until the next working-set update is due (at most
+    /// [`UPDATE_NS`]).
+    fn maintain(&'static self, force: bool) -> u64 {
         let now = large::now_ns();
         // Relaxed: deadlines are hints; the try-lock serialises the work.
         if !force && now < self.next_tick.load(Ordering::Relaxed) {
-            return;
+            return TICK_NS;
         }
         if !self.maint.try_lock() {
-            return;
+            return TICK_NS;
         }
         self.next_tick.store(now + TICK_NS, Ordering::Relaxed);
-        if force {
+        let busy = if force {
             self.regions.tick();
+            true
         } else {
             // Periodic: no fence while the region counts are settled (nothing cached,
             // nothing under review), so a steady or idle process is not interrupted
             // 100 times a second.
-            let _ = self.regions.tick_if_busy();
-        }
+            self.regions.tick_if_busy().is_some()
+        };
         // Magazines too small for the traffic show as depot contention, or as a stream
         // of exchanges with the depot: grow them within a tick, not a working-set
         // interval (two loads per cache when there is neither).
@@ -760,6 +765,12 @@ impl Heap {
             self.large.decay();
         }
         self.maint.unlock();
+        if busy {
+            TICK_NS
+        } else {
+            // Relaxed: as above.
+            self.next_update.load(Ordering::Relaxed).saturating_sub(now).clamp(TICK_NS, UPDATE_NS)
+        }
     }
 }
 
@@ -769,7 +780,7 @@ fn countdown(heap: &'static Heap) {
     let left = COUNTDOWN.get();
     if left == 0 {
         COUNTDOWN.set(MAINTAIN_EVERY);
-        heap.maintain(false);
+        let _ = heap.maintain(false);
     } else {
         COUNTDOWN.set(left - 1);
     }
@@ -1168,7 +1179,7 @@ pub fn trim() -> bool {
 pub fn maintain() {
     if let Some(heap) = heap_if_made() {
         let _entered = Entered::enter();
-        heap.maintain(true);
+        let _ = heap.maintain(true);
     }
 }
 
@@ -1177,7 +1188,9 @@ pub fn maintain() {
 /// cache's working-set update and the
 /// large heap's decay every second, as the piggy-backed maintenance would — so that
 /// memory freed by a program that then goes quiet still goes back to the kernel (within
-/// about ten working-set intervals plus two Refcache epochs, some 11 s). At most one
+/// about ten working-set intervals plus two Refcache epochs, some 11 s). While the
+/// region counts are settled the thread sleeps until the next working-set update, so a
+/// quiet process sees it wake about once a second, not 100 times. At most one
 /// such thread runs (later calls return `Ok` and start nothing); a `fork`ed child has
 /// none. The thread blocks every signal, so that a signal the program blocks in its own
 /// threads (to take it with `sigwait` or a `signalfd`) stays the program's. Call it from
@@ -1196,12 +1209,16 @@ pub fn spawn_maintenance_thread() -> std::io::Result<()> {
     }
     let builder = std::thread::Builder::new().name("umem-maintain".into()).stack_size(64 << 10);
     let spawned = crate::os::spawn_signal_free(builder, || {
+        let mut sleep = TICK_NS;
         loop {
-            std::thread::sleep(core::time::Duration::from_nanos(TICK_NS));
-            if let Some(heap) = heap_if_made() {
-                let _entered = Entered::enter();
-                heap.maintain(false);
-            }
+            std::thread::sleep(core::time::Duration::from_nanos(sleep));
+            sleep = match heap_if_made() {
+                Some(heap) => {
+                    let _entered = Entered::enter();
+                    heap.maintain(false)
+                }
+                None => UPDATE_NS,
+            };
         }
     });
     match spawned {
