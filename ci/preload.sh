@@ -2,7 +2,8 @@
 # libscalemem.so as the malloc of C programs (LD_PRELOAD): builds it, checks its exports,
 # runs preload/tests/mix.c with and without it (and under a seccomp filter that refuses
 # membarrier and rseq), checks that its background thread leaves the program's blocked
-# signals pending (preload/tests/signals.c), checks that its thread-local state never
+# signals pending (preload/tests/signals.c) and that a tight `ulimit -v` gets errors, not
+# aborts, checks that its thread-local state never
 # goes through __tls_get_addr (preload/tests/dtv.c), then runs real programs twice, without
 # and with the preload, each checked by its own means, and requires the same output and
 # exit status both times: sqlite3 (joins, indexes, a sort on worker threads, VACUUM,
@@ -60,6 +61,19 @@ MIX_EXPECT=scalemem "$work/seccomp_deny" membarrier rseq -- env LD_PRELOAD="$so"
 cc -O2 -Wall -Wextra -Werror -o "$work/signals" preload/tests/signals.c
 "$work/signals"
 SIGNALS_THREADS=2 LD_PRELOAD=$so timeout 60 "$work/signals"
+
+# ---- a tight address-space limit (ulimit -v) --------------------------------------------
+# Under RLIMIT_AS the library must fail as an allocator does (null, ENOMEM), never abort.
+# With 40 MB, ls must list as it does without the preload (a fixed 32 MiB bootstrap
+# reservation made it abort there before 2026-12-04); with 16 MB, where the heap cannot
+# be made, it may fail but must exit with its own status, not die of a signal.
+want=$(ls -la /usr/bin | sha256sum)
+got=$(bash -c "ulimit -v 40000; LD_PRELOAD=$so ls -la /usr/bin" | sha256sum)
+[[ $got == "$want" ]] || { echo "FAIL ls under ulimit -v 40000 and the preload"; exit 1; }
+status=0
+bash -c "ulimit -v 16000; LD_PRELOAD=$so ls -la /usr/bin" >/dev/null 2>&1 || status=$?
+((status < 128)) || { echo "FAIL ls under ulimit -v 16000 and the preload died of signal $((status - 128))"; exit 1; }
+echo "ulimit -v: ls identical at 40 MB; at 16 MB exit $status, no signal"
 
 # ---- thread-local state: initial-exec, never __tls_get_addr ------------------------------
 # The library's own TLS words are initial-exec (the loader sets STATIC_TLS), and no
@@ -196,5 +210,5 @@ fi
 echo "LD_PRELOAD: libscalemem.so passed mix.c and every program"
 if [[ -n ${CI_SUMMARY:-} ]]; then
     echo "preload: mix.c and ${#programs[@]} programs (${programs[*]}) identical with and without libscalemem.so;" \
-        "initial-exec TLS, dtv.c 60 runs without a hang, blocked signals stay pending (signals.c)" >>"$CI_SUMMARY"
+        "initial-exec TLS, dtv.c 60 runs without a hang, blocked signals stay pending (signals.c), ulimit -v errors without aborts" >>"$CI_SUMMARY"
 fi

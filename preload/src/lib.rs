@@ -72,6 +72,13 @@
 //! - **Foreign pointers**: `free` ignores a pointer the library did not hand out (the
 //!   dynamic loader's own minimal allocator predates us), `malloc_usable_size` says 0
 //!   for one, and `realloc` of one fails (null, `ENOMEM`).
+//! - **Address space**: loading the library reserves 8 MiB (the region registry, one
+//!   bit per 2 MiB of the 47-bit address space, untouched pages cost nothing); the heap
+//!   takes 2 MiB regions, and its set-up allocations a bootstrap chunk of 256 KiB. Under
+//!   a tight `ulimit -v` (`RLIMIT_AS`) that the heap cannot live within, `malloc` returns
+//!   null with `ENOMEM` and the constructor starts no maintenance thread: the program
+//!   sees an allocator that is out of memory, never an abort (`ci/preload.sh` runs `ls`
+//!   under 40 MB and 16 MB limits).
 //! - **Memory back to the kernel**: by maintenance piggy-backed on allocations, at once
 //!   on `malloc_trim`, and by the maintenance thread that this library's constructor
 //!   starts ([`spawn_maintenance_thread`](scalemem::umem::global::spawn_maintenance_thread):

@@ -54,9 +54,10 @@
 //! pop from or a push into the CPU's loaded magazine (that one rseq section calls
 //! nothing, so it needs no guard and is safe re-entrantly). A request that finds the
 //! guard set is re-entrant and is served from the **bootstrap arena**: a bump allocator
-//! over one lazily mapped 32 MiB range, whose blocks are never reused (a free of one is
-//! ignored; a `realloc` copies out). Only set-up allocations land there (about 100 KiB
-//! in the tests). A thread that finds the heap being made by another thread waits for
+//! over lazily mapped chunks (256 KiB first, each next one twice the last, 64 MiB in
+//! all), whose blocks are never reused (a free of one is ignored; a `realloc` copies
+//! out). Only set-up allocations land there (about 100 KiB in the tests), so a process
+//! maps one or two chunks. A thread that finds the heap being made by another thread waits for
 //! it.
 //!
 //! # Giving memory back
@@ -221,28 +222,43 @@ impl Drop for Entered {
 // ---------------------------------------------------------------------------------------
 // The bootstrap arena.
 
-/// Bytes of address space reserved for set-up allocations.
-const BOOT_BYTES: usize = 32 << 20;
-/// The arena's base once mapped (0 before).
-static BOOT_BASE: AtomicUsize = AtomicUsize::new(0);
-/// Bytes of the arena handed out so far (a bump offset).
+/// The bootstrap arena's chunks: chunk `i` holds `BOOT_FIRST << i` bytes of address
+/// space, mapped when the previous one is spent (256 KiB first, 64 MiB in all). A
+/// process reserves only what its set-up allocations need (some tens of KiB: a small
+/// part of an `RLIMIT_AS` budget, where a fixed 32 MiB arena made `ls` abort under
+/// `ulimit -v 40000`).
+const BOOT_CHUNKS: usize = 8;
+/// Bytes of the first chunk.
+const BOOT_FIRST: usize = 256 << 10;
+/// Each chunk's base once mapped (0 before).
+static BOOT_BASE: [AtomicUsize; BOOT_CHUNKS] = [const { AtomicUsize::new(0) }; BOOT_CHUNKS];
+/// The bump state: the chunk in use (bits 56..) and the bytes of it handed out.
+static BOOT_AT: AtomicUsize = AtomicUsize::new(0);
+/// Bytes of the arena handed out so far, over all chunks (a statistic).
 static BOOT_USED: AtomicUsize = AtomicUsize::new(0);
+/// Shift of the chunk index in [`BOOT_AT`].
+const BOOT_CHUNK_SHIFT: u32 = 56;
 
-/// The bootstrap arena's base, mapping it on first use; 0 if the kernel refuses.
-fn boot_base() -> usize {
+/// Bytes of chunk `i`.
+const fn boot_chunk_bytes(i: usize) -> usize {
+    BOOT_FIRST << i
+}
+
+/// The base of bootstrap chunk `i`, mapping it on first use; 0 if the kernel refuses.
+fn boot_base(i: usize) -> usize {
     // Acquire: pairs with the Release CAS below (the mapping is there).
-    let base = BOOT_BASE.load(Ordering::Acquire);
+    let base = BOOT_BASE[i].load(Ordering::Acquire);
     if base != 0 {
         return base;
     }
-    let Ok(mapped) = os::map(BOOT_BYTES) else { return 0 };
+    let Ok(mapped) = os::map(boot_chunk_bytes(i)) else { return 0 };
     let mapped = mapped.as_ptr() as usize;
     // AcqRel: publishes our mapping (Release) or reads the winner's (Acquire).
-    match BOOT_BASE.compare_exchange(0, mapped, Ordering::AcqRel, Ordering::Acquire) {
+    match BOOT_BASE[i].compare_exchange(0, mapped, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => mapped,
         Err(winner) => {
             // SAFETY: mapped just above with this length, never published.
-            unsafe { os::unmap(NonNull::new_unchecked(mapped as *mut u8), BOOT_BYTES) };
+            unsafe { os::unmap(NonNull::new_unchecked(mapped as *mut u8), boot_chunk_bytes(i)) };
             winner
         }
     }
@@ -251,39 +267,56 @@ fn boot_base() -> usize {
 /// Whether `ptr` is a bootstrap block.
 #[inline]
 fn boot_contains(ptr: *const u8) -> bool {
-    // Relaxed: a pointer into the arena was handed out after the base was published, and
-    // whoever holds it learnt of it through the same happens-before chain.
-    let base = BOOT_BASE.load(Ordering::Relaxed);
-    base != 0 && (ptr as usize).wrapping_sub(base) < BOOT_BYTES
+    (0..BOOT_CHUNKS).any(|i| {
+        // Relaxed: a pointer into a chunk was handed out after its base was published,
+        // and whoever holds it learnt of it through the same happens-before chain.
+        let base = BOOT_BASE[i].load(Ordering::Relaxed);
+        base != 0 && (ptr as usize).wrapping_sub(base) < boot_chunk_bytes(i)
+    })
 }
 
 /// A block of `size` bytes aligned to `align` (a power of two) from the bootstrap arena,
-/// with its size in the word before it; null when the arena is spent.
+/// with its size in the word before it; null when the arena is spent or the kernel
+/// refuses a chunk. A block that does not fit in the rest of the chunk in use moves the
+/// arena on to the next chunk (the rest is left unused).
 fn boot_alloc(size: usize, align: usize) -> *mut u8 {
-    let base = boot_base();
-    if base == 0 || size > BOOT_BYTES || align > BOOT_BYTES {
+    let align = align.max(MIN_ALIGN);
+    if size > boot_chunk_bytes(BOOT_CHUNKS - 1) / 2 || align > boot_chunk_bytes(BOOT_CHUNKS - 1) / 2 {
         return ptr::null_mut();
     }
-    let align = align.max(MIN_ALIGN);
     // Relaxed: the CAS only hands out disjoint ranges; the memory itself is fresh from
     // the kernel (zero) and each range is written only by its taker.
-    let mut used = BOOT_USED.load(Ordering::Relaxed);
+    let mut at = BOOT_AT.load(Ordering::Relaxed);
     loop {
-        // The block starts after a size word, aligned. No overflow: all terms are below
-        // BOOT_BYTES (32 MiB) plus the base, far from usize::MAX.
-        let start = (base + used + 8).next_multiple_of(align);
-        let end = start + size;
-        if end > base + BOOT_BYTES {
+        let (chunk, used) = (at >> BOOT_CHUNK_SHIFT, at & ((1 << BOOT_CHUNK_SHIFT) - 1));
+        if chunk >= BOOT_CHUNKS {
             return ptr::null_mut();
         }
-        match BOOT_USED.compare_exchange_weak(used, end - base, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => {
-                // SAFETY: `start - 8 .. end` lies in the arena, in the range this CAS
+        let base = boot_base(chunk);
+        if base == 0 {
+            return ptr::null_mut();
+        }
+        // The block starts after a size word, aligned. No overflow: every term is below
+        // the largest chunk (32 MiB) plus the base, far from usize::MAX.
+        let start = (base + used + 8).next_multiple_of(align);
+        let end = start + size;
+        let next = if end > base + boot_chunk_bytes(chunk) {
+            // On to the next chunk (which may be too small too: the loop moves on again).
+            (chunk + 1) << BOOT_CHUNK_SHIFT
+        } else {
+            chunk << BOOT_CHUNK_SHIFT | (end - base)
+        };
+        match BOOT_AT.compare_exchange_weak(at, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) if next >> BOOT_CHUNK_SHIFT == chunk => {
+                // Relaxed: a statistic.
+                BOOT_USED.fetch_add(size, Ordering::Relaxed);
+                // SAFETY: `start - 8 .. end` lies in the chunk, in the range this CAS
                 // reserved for us alone; `start - 8` is 8-aligned (start is 16-aligned).
                 unsafe { ((start - 8) as *mut usize).write(size) };
                 return start as *mut u8;
             }
-            Err(now) => used = now,
+            Ok(_) => at = next,
+            Err(now) => at = now,
         }
     }
 }
@@ -1207,6 +1240,18 @@ pub fn spawn_maintenance_thread() -> std::io::Result<()> {
     if STARTED.swap(true, Ordering::Relaxed) {
         return Ok(());
     }
+    // Starting a thread allocates (its name, std's bookkeeping), and a refused
+    // allocation there aborts the process. Under a tight `RLIMIT_AS` the heap may not be
+    // made at all: see first that it can serve a block, and start nothing if it cannot
+    // (the piggy-backed maintenance remains; `malloc` itself returns null, `ENOMEM`).
+    let probe = malloc(1024);
+    if probe.is_null() {
+        // Relaxed: as above; a later call may try again.
+        STARTED.store(false, Ordering::Relaxed);
+        return Err(std::io::ErrorKind::OutOfMemory.into());
+    }
+    // SAFETY: from `malloc` just above, freed once.
+    unsafe { free(probe) };
     let builder = std::thread::Builder::new().name("umem-maintain".into()).stack_size(64 << 10);
     let spawned = crate::os::spawn_signal_free(builder, || {
         let mut sleep = TICK_NS;
@@ -1483,5 +1528,38 @@ impl Umem {
         };
         let p = NonNull::new(p).ok_or(allocator_api2::alloc::AllocError)?;
         Ok(NonNull::slice_from_raw_parts(p, new.size()))
+    }
+}
+
+#[cfg(all(test, not(scalemem_loom)))]
+mod tests {
+    use super::*;
+
+    /// The bootstrap arena moves on to the next, larger chunk when a block does not fit
+    /// in the rest of the one in use; blocks in every chunk are recognised as bootstrap
+    /// blocks (so `free` ignores them) with their sizes, and requests past the largest
+    /// chunk's half are refused with null.
+    #[test]
+    fn bootstrap_arena_grows_by_chunks() {
+        let small = boot_alloc(100, 16);
+        assert!(!small.is_null() && boot_contains(small));
+        // Larger than the first chunk: it lands in a later one.
+        let big = boot_alloc(BOOT_FIRST + 4096, 64);
+        assert!(!big.is_null() && (big as usize).is_multiple_of(64));
+        assert!(boot_contains(big) && boot_contains(big.wrapping_add(BOOT_FIRST + 4095)));
+        // SAFETY: both came from `boot_alloc`.
+        assert_eq!(unsafe { (boot_size(small), boot_size(big)) }, (100, BOOT_FIRST + 4096));
+        // Relaxed: a statistic.
+        assert!(BOOT_AT.load(Ordering::Relaxed) >> BOOT_CHUNK_SHIFT >= 1, "still in the first chunk");
+        // SAFETY: `big` has BOOT_FIRST + 4096 writable bytes of its own.
+        unsafe { big.write_bytes(7, BOOT_FIRST + 4096) };
+        let after = boot_alloc(8, 16);
+        assert!(!after.is_null() && boot_contains(after));
+        assert!(after as usize >= big as usize + BOOT_FIRST + 4096 || (after as usize) < big as usize);
+        assert!(boot_alloc(boot_chunk_bytes(BOOT_CHUNKS - 1), 16).is_null());
+        assert!(!boot_contains(&after as *const _ as *const u8), "a stack address is not a bootstrap block");
+        // A free of a bootstrap block is ignored.
+        // SAFETY: a bootstrap block, which `free` recognises and leaves alone.
+        unsafe { free(small) };
     }
 }
