@@ -71,6 +71,31 @@ fn tick_until(regions: &Regions, max: usize, done: impl Fn(&Regions) -> bool) ->
     panic!("condition not reached in {max} ticks: {:?}", regions.stats());
 }
 
+/// `n` one-page objects of `cache` (a cache of page-sized objects), each written with
+/// `tag` so that it is resident, in address order.
+fn written_pages(cache: &SlabCache<'_>, n: usize, tag: u64) -> Vec<NonNull<u8>> {
+    let mut pages: Vec<_> = (0..n).map(|_| cache.alloc().unwrap()).collect();
+    pages.sort_by_key(|p| p.as_ptr() as usize);
+    for &p in &pages {
+        fill(p, PAGE, tag);
+    }
+    pages
+}
+
+/// Ticks `regions` until its one region (at `region`, emptied by the caller) is
+/// released, then checks that it was retained, that `returned` bytes went back in all
+/// (`what` says why), and that no page past its header is resident.
+fn released_and_retained(regions: &Regions, region: usize, returned: usize, what: &str) {
+    let ticks = tick_until(regions, 8, |r| r.stats().releases == 1);
+    assert!(ticks <= 6, "release took {ticks} ticks");
+    let st = regions.stats();
+    assert_eq!(st.retained_regions, 1, "{st:?}");
+    assert_eq!(st.returned_bytes, returned, "{what}: {st:?}");
+    let body = (region + HEADER_PAGES * PAGE) as *const u8;
+    assert!(!any_resident(body, REGION_SIZE - HEADER_PAGES * PAGE), "madvised pages still resident");
+    regions.assert_valid();
+}
+
 /// Whether any page of `[p, p + len)` is resident (`mincore`).
 fn any_resident(p: *const u8, len: usize) -> bool {
     let pages = len.div_ceil(4096);
@@ -362,14 +387,8 @@ fn region_released_after_two_epochs_at_zero() {
 fn release_after_a_purge_counts_each_page_once() {
     let regions = manual(1);
     let cache = SlabCache::builder(&regions, "pages", PAGE, PAGE).max_empty(0).build().unwrap();
-    let mut pages: Vec<_> = (0..8).map(|_| cache.alloc().unwrap()).collect();
-    pages.sort_by_key(|p| p.as_ptr() as usize);
-    for &p in &pages {
-        fill(p, PAGE, 3);
-    }
+    let pages = written_pages(&cache, 8, 3);
     let region = pages[0].as_ptr() as usize & !(REGION_SIZE - 1);
-    let body = (region + HEADER_PAGES * PAGE) as *const u8;
-    let body_len = REGION_SIZE - HEADER_PAGES * PAGE;
     for &p in &pages[4..] {
         // SAFETY: from `cache`, freed once.
         unsafe { cache.free(p) }.unwrap();
@@ -379,13 +398,7 @@ fn release_after_a_purge_counts_each_page_once() {
         // SAFETY: from `cache`, freed once.
         unsafe { cache.free(p) }.unwrap();
     }
-    let ticks = tick_until(&regions, 8, |r| r.stats().releases == 1);
-    assert!(ticks <= 6, "release took {ticks} ticks");
-    let st = regions.stats();
-    assert_eq!(st.retained_regions, 1, "{st:?}");
-    assert_eq!(st.returned_bytes, 8 * PAGE, "each page counted once: {st:?}");
-    assert!(!any_resident(body, body_len), "madvised pages still resident");
-    regions.assert_valid();
+    released_and_retained(&regions, region, 8 * PAGE, "each page counted once");
 }
 
 /// Pages a purge gave back are marked clean: a later purge gives back (and counts) only
@@ -397,15 +410,9 @@ fn release_after_a_purge_counts_each_page_once() {
 fn purges_and_release_skip_clean_pages() {
     let regions = manual(1);
     let cache = SlabCache::builder(&regions, "pages", PAGE, PAGE).max_empty(0).build().unwrap();
-    let mut pages: Vec<_> = (0..8).map(|_| cache.alloc().unwrap()).collect();
-    pages.sort_by_key(|p| p.as_ptr() as usize);
-    for &p in &pages {
-        fill(p, PAGE, 5);
-    }
+    let pages = written_pages(&cache, 8, 5);
     let region = pages[0].as_ptr() as usize & !(REGION_SIZE - 1);
     assert!(pages.iter().all(|p| p.as_ptr() as usize & !(REGION_SIZE - 1) == region));
-    let body = (region + HEADER_PAGES * PAGE) as *const u8;
-    let body_len = REGION_SIZE - HEADER_PAGES * PAGE;
     let free = |p: NonNull<u8>| {
         // SAFETY: from `cache`, freed once (each caller frees a distinct page).
         unsafe { cache.free(p) }.unwrap();
@@ -434,13 +441,7 @@ fn purges_and_release_skip_clean_pages() {
     for i in [0, 1, 4, 6, 7] {
         free(pages[i]);
     }
-    let ticks = tick_until(&regions, 8, |r| r.stats().releases == 1);
-    assert!(ticks <= 6, "release took {ticks} ticks");
-    let st = regions.stats();
-    assert_eq!(st.retained_regions, 1, "{st:?}");
-    assert_eq!(st.returned_bytes, 9 * PAGE, "four by the purges, five by the release: {st:?}");
-    assert!(!any_resident(body, body_len), "madvised pages still resident");
-    regions.assert_valid();
+    released_and_retained(&regions, region, 9 * PAGE, "four by the purges, five by the release");
 }
 
 /// A give-back the kernel refuses leaves the pages dirty and below the touched mark:
@@ -449,11 +450,7 @@ fn purges_and_release_skip_clean_pages() {
 fn refused_purge_is_retried() {
     let regions = manual(1);
     let cache = SlabCache::builder(&regions, "pages", PAGE, PAGE).max_empty(0).build().unwrap();
-    let mut pages: Vec<_> = (0..8).map(|_| cache.alloc().unwrap()).collect();
-    pages.sort_by_key(|p| p.as_ptr() as usize);
-    for &p in &pages {
-        fill(p, PAGE, 7);
-    }
+    let pages = written_pages(&cache, 8, 7);
     for &p in &pages[4..] {
         // SAFETY: from `cache`, freed once.
         unsafe { cache.free(p) }.unwrap();
