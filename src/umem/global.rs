@@ -57,8 +57,8 @@
 //! over lazily mapped chunks (256 KiB first, each next one twice the last, 64 MiB in
 //! all), whose blocks are never reused (a free of one is ignored; a `realloc` copies
 //! out). Only set-up allocations land there (about 100 KiB in the tests), so a process
-//! maps one or two chunks. A thread that finds the heap being made by another thread waits for
-//! it.
+//! maps one or two chunks. A thread that finds the heap being made by another thread
+//! waits for it.
 //!
 //! # Giving memory back
 //!
