@@ -2,7 +2,8 @@
 # libscalemem.so as the malloc of C programs (LD_PRELOAD): builds it, checks its exports,
 # runs preload/tests/mix.c with and without it (and under a seccomp filter that refuses
 # membarrier and rseq), checks that its background thread leaves the program's blocked
-# signals pending (preload/tests/signals.c) and that a tight `ulimit -v` gets errors, not
+# signals pending (preload/tests/signals.c) and does not stop the program from entering
+# namespaces (preload/tests/namespaces.c), and that a tight `ulimit -v` gets errors, not
 # aborts, checks that its thread-local state never
 # goes through __tls_get_addr (preload/tests/dtv.c), then runs real programs twice, without
 # and with the preload, each checked by its own means, and requires the same output and
@@ -35,7 +36,7 @@ so=$root/target/release/libscalemem.so
 exports="malloc free calloc realloc reallocarray memalign posix_memalign aligned_alloc valloc pvalloc
     malloc_usable_size cfree free_sized free_aligned_sized __libc_malloc __libc_free __libc_calloc
     __libc_realloc __libc_memalign __libc_valloc __libc_pvalloc malloc_trim mallopt mallinfo mallinfo2
-    malloc_stats"
+    malloc_stats unshare setns"
 defined=$(nm -D --defined-only "$so" | awk '{print $3}')
 for sym in $exports; do
     grep -qx "$sym" <<<"$defined" || { echo "libscalemem.so does not export $sym"; exit 1; }
@@ -61,6 +62,29 @@ MIX_EXPECT=scalemem "$work/seccomp_deny" membarrier rseq -- env LD_PRELOAD="$so"
 cc -O2 -Wall -Wextra -Werror -o "$work/signals" preload/tests/signals.c
 "$work/signals"
 SIGNALS_THREADS=2 LD_PRELOAD=$so timeout 60 "$work/signals"
+
+# ---- namespaces: unshare and setns with the library's thread running --------------------
+# Linux refuses unshare(CLONE_NEWUSER) and setns into a user or mount namespace to a
+# multi-threaded process; the library's thread made `unshare -U` fail with EINVAL until
+# 2026-12-04. Its unshare/setns stop the thread around the call (namespaces.c), and
+# util-linux's unshare(1) must behave as without the library.
+cc -O2 -Wall -Wextra -Werror -o "$work/namespaces" preload/tests/namespaces.c
+namespaces=ok
+status=0
+"$work/namespaces" || status=$?
+if ((status == 77)); then
+    namespaces="skipped (this machine refuses user namespaces)"
+elif ((status != 0)); then
+    echo "FAIL namespaces.c without the preload"; exit 1
+else
+    NAMESPACES_THREADS=2 LD_PRELOAD=$so timeout 60 "$work/namespaces"
+    if command -v unshare >/dev/null; then
+        want=$(unshare -U -m sh -c 'echo in a user and mount namespace' 2>&1; echo "status $?")
+        got=$(LD_PRELOAD=$so unshare -U -m sh -c 'echo in a user and mount namespace' 2>&1; echo "status $?")
+        [[ $got == "$want" ]] || { echo "FAIL unshare -U -m: '$got' with the preload, '$want' without"; exit 1; }
+        echo "unshare -U -m: $want, with and without the preload"
+    fi
+fi
 
 # ---- a tight address-space limit (ulimit -v) --------------------------------------------
 # Under RLIMIT_AS the library must fail as an allocator does (null, ENOMEM), never abort.
@@ -210,5 +234,5 @@ fi
 echo "LD_PRELOAD: libscalemem.so passed mix.c and every program"
 if [[ -n ${CI_SUMMARY:-} ]]; then
     echo "preload: mix.c and ${#programs[@]} programs (${programs[*]}) identical with and without libscalemem.so;" \
-        "initial-exec TLS, dtv.c 60 runs without a hang, blocked signals stay pending (signals.c), ulimit -v errors without aborts" >>"$CI_SUMMARY"
+        "initial-exec TLS, dtv.c 60 runs without a hang, blocked signals stay pending (signals.c), namespaces.c and unshare -U -m $namespaces, ulimit -v errors without aborts" >>"$CI_SUMMARY"
 fi

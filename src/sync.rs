@@ -142,6 +142,18 @@ mod futex_imp {
             let _ = futex::wait(&self.0, futex::Flags::PRIVATE, expected, None);
         }
 
+        /// As [`wait`](Self::wait), but sleeps at most `timeout` (a relative
+        /// `FUTEX_WAIT` timeout): returns when woken, on a signal, spuriously, or when
+        /// the time has passed, and the caller cannot tell which.
+        pub(crate) fn wait_timeout(&self, expected: u32, timeout: core::time::Duration) {
+            let timeout = futex::Timespec {
+                tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
+                tv_nsec: i64::from(timeout.subsec_nanos()),
+            };
+            let _errno = crate::os::KeepErrno::new();
+            let _ = futex::wait(&self.0, futex::Flags::PRIVATE, expected, Some(&timeout));
+        }
+
         /// Wakes one thread sleeping in [`wait`](Self::wait) on this word.
         pub(crate) fn wake_one(&self) {
             let _errno = crate::os::KeepErrno::new();

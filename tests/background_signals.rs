@@ -5,6 +5,8 @@
 //! `ci/preload.sh` checks the same for a C program under `LD_PRELOAD`
 //! (`preload/tests/signals.c`).
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use scalemem::refcount::Refcache;
@@ -14,23 +16,14 @@ use scalemem::umem::global;
 /// The blocked-signal mask of each thread of this process whose name starts with one of
 /// `names`, from `/proc/self/task/*/status`.
 fn masks_of(names: &[&str]) -> Vec<(String, u64)> {
-    let mut found = Vec::new();
-    for task in std::fs::read_dir("/proc/self/task").unwrap() {
-        let dir = task.unwrap().path();
-        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else { continue };
-        let comm = comm.trim().to_string();
-        if !names.iter().any(|n| comm.starts_with(n)) {
-            continue;
-        }
-        let status = std::fs::read_to_string(dir.join("status")).unwrap();
-        let blocked = status
-            .lines()
-            .find_map(|l| l.strip_prefix("SigBlk:"))
-            .map(|hex| u64::from_str_radix(hex.trim(), 16).unwrap())
-            .unwrap();
-        found.push((comm, blocked));
-    }
-    found
+    names
+        .iter()
+        .flat_map(|name| common::threads_named(name))
+        .map(|(comm, status)| {
+            let blocked = common::status_field(&status, "SigBlk").expect("SigBlk");
+            (comm, u64::from_str_radix(blocked, 16).unwrap())
+        })
+        .collect()
 }
 
 #[test]
@@ -75,8 +68,8 @@ fn background_threads_block_every_signal() {
     }
     // The spawning thread got its own mask back.
     let mine = std::fs::read_to_string("/proc/thread-self/status").unwrap();
-    let mine = mine.lines().find_map(|l| l.strip_prefix("SigBlk:")).unwrap().trim().to_string();
-    assert_eq!(u64::from_str_radix(&mine, 16).unwrap() & must, 0, "the caller's mask changed: {mine}");
+    let mine = common::status_field(&mine, "SigBlk").unwrap();
+    assert_eq!(u64::from_str_radix(mine, 16).unwrap() & must, 0, "the caller's mask changed: {mine}");
     drop(refcache);
     drop(cache);
 }

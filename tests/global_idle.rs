@@ -4,6 +4,8 @@
 //! in flux, and wakes about once a second, not every 10 ms tick. A binary of its own:
 //! other tests' allocations would move the epoch.
 
+mod common;
+
 use std::time::Duration;
 
 use scalemem::umem::global;
@@ -39,16 +41,6 @@ fn a_settled_heap_is_not_ticked_by_its_maintenance_thread() {
 
 /// The voluntary context switches of the `umem-maintain` thread so far.
 fn maintenance_thread_switches() -> Option<u64> {
-    for task in std::fs::read_dir("/proc/self/task").ok()? {
-        let dir = task.ok()?.path();
-        if std::fs::read_to_string(dir.join("comm")).ok()?.trim() != "umem-maintain" {
-            continue;
-        }
-        let status = std::fs::read_to_string(dir.join("status")).ok()?;
-        return status
-            .lines()
-            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-            .map(|v| v.trim().parse().unwrap());
-    }
-    None
+    let (_, status) = common::threads_named("umem-maintain").pop()?;
+    common::status_field(&status, "voluntary_ctxt_switches")?.parse().ok()
 }

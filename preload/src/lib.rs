@@ -88,9 +88,14 @@
 //!   program blocks in its own threads, to take it with `sigwait` or a `signalfd`, stays
 //!   pending for the program (`preload/tests/signals.c`). The
 //!   constructor runs at load time, outside any allocation (a thread started from
-//!   inside `malloc` could wait on a loader lock its caller holds). Set
-//!   `SCALEMEM_BACKGROUND=0` for a process that must stay single-threaded (one that calls
-//!   `unshare(CLONE_NEWUSER)`, say); a `fork`ed child has no such thread (it calls
+//!   inside `malloc` could wait on a loader lock its caller holds). Linux
+//!   refuses some calls to a multi-threaded process (`unshare(CLONE_NEWUSER)` for
+//!   `unshare -U` and rootless containers, `setns` into a user or mount namespace for
+//!   `nsenter`): the library's `unshare` and `setns` stop the thread, make the system
+//!   call and start it again, so a program single-threaded but for our thread behaves
+//!   as without the library (`preload/tests/namespaces.c`). A program that makes those
+//!   system calls through `syscall(2)` bypasses that: set `SCALEMEM_BACKGROUND=0` for
+//!   it, which starts no thread. A `fork`ed child has no such thread (it calls
 //!   `malloc_trim` or relies on the piggy-backed maintenance).
 //!
 //! # Why no `dlsym`
@@ -671,6 +676,49 @@ pub extern "C" fn malloc_stats() {
 fn errno() -> c_int {
     // SAFETY: as in `set_errno`: a valid, aligned `int` of the calling thread.
     unsafe { *libc::__errno_location() }
+}
+
+// ---------------------------------------------------------------------------------------
+// Namespaces: calls Linux refuses to a multi-threaded process.
+// ---------------------------------------------------------------------------------------
+
+/// Runs `call` (a namespace system call) with this library's maintenance thread
+/// stopped, so that a program single-threaded but for it is single-threaded for the
+/// kernel's check, and starts the thread again after (if it ran before); returns
+/// `call`'s result with its `errno`.
+fn without_maintenance_thread(call: impl FnOnce() -> libc::c_long) -> c_int {
+    let stopped = umem::stop_maintenance_thread();
+    let result = call() as c_int;
+    if stopped {
+        let saved_errno = errno();
+        // A thread that cannot start again leaves the piggy-backed maintenance.
+        let _ = umem::spawn_maintenance_thread();
+        set_errno(saved_errno);
+    }
+    result
+}
+
+/// Linux `unshare`, as glibc's (one system call), with the maintenance thread stopped
+/// around it: `unshare(CLONE_NEWUSER)` (`unshare -U`, rootless containers) fails with
+/// `EINVAL` in a process with a second thread, and the maintenance thread would be that
+/// thread. A call through `syscall(SYS_unshare, ...)` bypasses this: see the module
+/// documentation.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn unshare(flags: c_int) -> c_int {
+    // SAFETY: `unshare` takes one integer and reads no memory of ours.
+    without_maintenance_thread(|| unsafe { libc::syscall(libc::SYS_unshare, flags) })
+}
+
+/// Linux `setns`, as glibc's, with the maintenance thread stopped around it: joining a
+/// user or mount namespace (`nsenter -U`, `nsenter -m`) fails with `EINVAL` in a
+/// multi-threaded process.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn setns(fd: c_int, nstype: c_int) -> c_int {
+    // SAFETY: `setns` takes two integers and reads no memory of ours; a bad descriptor
+    // is the kernel's `EBADF`.
+    without_maintenance_thread(|| unsafe { libc::syscall(libc::SYS_setns, fd, nstype) })
 }
 
 /// The library constructor: starts the maintenance thread unless `SCALEMEM_BACKGROUND`

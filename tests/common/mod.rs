@@ -6,6 +6,31 @@
 pub mod chaos;
 pub mod counting_alloc;
 
+/// The threads of this process whose name (`comm`, at most 15 bytes) starts with
+/// `prefix`: each one's name and the text of its `/proc/self/task/<tid>/status`. A
+/// thread that exits while being read is left out.
+pub fn threads_named(prefix: &str) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").expect("/proc/self/task") {
+        let Ok(task) = task else { continue };
+        let dir = task.path();
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else { continue };
+        let comm = comm.trim();
+        if !comm.starts_with(prefix) {
+            continue;
+        }
+        if let Ok(status) = std::fs::read_to_string(dir.join("status")) {
+            found.push((comm.to_string(), status));
+        }
+    }
+    found
+}
+
+/// The value of the `field:` line of a `/proc` status text, trimmed.
+pub fn status_field<'a>(status: &'a str, field: &str) -> Option<&'a str> {
+    status.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':')).map(str::trim)
+}
+
 /// Runs one test of this binary, `test`, alone in a child process with `env` set (for
 /// process-wide state: fence modes, address-space limits, RSS), and fails unless it
 /// passed.
