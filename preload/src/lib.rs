@@ -95,7 +95,12 @@
 //!   call and start it again, so a program single-threaded but for our thread behaves
 //!   as without the library (`preload/tests/namespaces.c`). A program that makes those
 //!   system calls through `syscall(2)` bypasses that: set `SCALEMEM_BACKGROUND=0` for
-//!   it, which starts no thread. A `fork`ed child has no such thread (it calls
+//!   it, which starts no thread. A program that counts its own threads sees one more:
+//!   CPython 3.12 and later read the kernel's count before `os.fork()` and issue a
+//!   `DeprecationWarning` ("multi-threaded, use of fork() may lead to deadlocks") in a
+//!   process with a second thread, shown for `__main__` or under `-W`; set
+//!   `SCALEMEM_BACKGROUND=0` where that matters (no later point is safe to start the
+//!   thread lazily: see above). A `fork`ed child has no such thread (it calls
 //!   `malloc_trim` or relies on the piggy-backed maintenance).
 //!
 //! # Why no `dlsym`
