@@ -173,8 +173,7 @@ END {
 		single = (NC[w] == 1)
 		print "### " w
 		print ""
-		if (single) print "Configuration: `" CFG[w, 1] "`."
-		if (single) print ""
+		if (single && CFG[w, 1] != "") { print "Configuration: `" CFG[w, 1] "`."; print "" }
 		for (j = 1; j <= nmet; j++) {
 			m = mm[j]
 			if (!single || j == 1) {

@@ -6,7 +6,7 @@
  *   LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 ./workloads batch --size 4096 --threads 4
  *
  * Workloads (first argument): whoami, parcheck, batch, prodcons, footprint, vsize, large,
- * churn. Each prints one line of space-separated key=value pairs starting with
+ * churn, startup (and noop, the process startup spawns). Each prints one line of space-separated key=value pairs starting with
  * "workload=NAME"; configuration keys come first, then the measured values. Rates end in
  * "_per_s"; memory figures are in KiB ("_kib") unless the key says otherwise.
  *
@@ -14,7 +14,7 @@
  *   --threads T      (batch 1, prodcons 2, footprint 32, vsize 64, large 1, churn 16 = wave)
  *   --size S         batch block size in bytes (4096)
  *   --batch N        batch length (100)
- *   --secs D         timed duration of batch/prodcons/large/parcheck (1.0) [0.05]
+ *   --secs D         timed duration of batch/prodcons/large/parcheck/startup (1.0) [0.05]
  *   --total-mib M    footprint total (256) [16]
  *   --reclaim-secs R footprint wait before the "reclaim" reading (15) [1]
  *   --block-kib K    large block size (2048)
@@ -35,7 +35,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <spawn.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -718,12 +720,60 @@ static int run_churn(void)
 	return 0;
 }
 
+/* ---------------------------------------------------------------- startup */
+
+extern char **environ;
+
+/* What a short-lived process costs under the allocator: spawns this program as
+ * `workloads noop` (one malloc and free, then exit) one after another for --secs, with the
+ * environment (so LD_PRELOAD) inherited, and waits for each. The figure is the whole life
+ * of a process: exec, the loader mapping the library, its constructors (a thread it
+ * starts), the first allocation's set-up, exit. */
+static int run_startup(void)
+{
+	char exe[4096];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+	if (n <= 0)
+		die_errno("readlink /proc/self/exe", errno);
+	exe[n] = 0;
+	char *argv[] = { exe, "noop", NULL };
+	long runs = 0;
+	double t0 = now(), el;
+	do {
+		pid_t pid;
+		int err = posix_spawn(&pid, exe, NULL, NULL, argv, environ);
+		if (err)
+			die_errno("posix_spawn", err);
+		int status;
+		if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+			die("the spawned noop failed");
+		runs++;
+		el = now() - t0;
+	} while (el < opt.secs);
+	struct rusage ru;
+	getrusage(RUSAGE_CHILDREN, &ru);
+	printf("workload=startup secs=%.3f processes=%ld processes_per_s=%.4g us_per_process=%.1f "
+	       "child_max_rss_kib=%ld\n",
+	       el, runs, runs / el, el / runs * 1e6, ru.ru_maxrss);
+	return 0;
+}
+
+static int run_noop(void)
+{
+	volatile char *p = malloc(100);
+	if (!p)
+		return 1;
+	p[0] = 1;
+	free((void *)p);
+	return 0;
+}
+
 /* ---------------------------------------------------------------- main */
 
 static void usage(void)
 {
 	fprintf(stderr,
-		"usage: workloads {whoami|parcheck|batch|prodcons|footprint|vsize|large|churn} [options]\n"
+		"usage: workloads {whoami|parcheck|batch|prodcons|footprint|vsize|large|churn|startup|noop} [options]\n"
 		"  see the comment at the top of workloads.c for the options\n");
 	exit(2);
 }
@@ -800,6 +850,10 @@ int main(int argc, char **argv)
 		return run_large();
 	if (!strcmp(w, "churn"))
 		return run_churn();
+	if (!strcmp(w, "startup"))
+		return run_startup();
+	if (!strcmp(w, "noop"))
+		return run_noop();
 	usage();
 	return 2;
 }
