@@ -230,6 +230,51 @@ pub(crate) unsafe fn dontneed(ptr: NonNull<u8>, len: usize) -> bool {
     true
 }
 
+/// `madvise(MADV_NOHUGEPAGE)`: the kernel no longer backs the range with transparent
+/// huge pages, at fault time or by `khugepaged` collapsing it later. Returns whether the
+/// kernel accepted.
+///
+/// # Safety
+/// The range is page-aligned and inside a mapping of ours.
+#[cfg(not(scalemem_loom))]
+pub(crate) unsafe fn no_huge_pages(ptr: NonNull<u8>, len: usize) -> bool {
+    let _errno = KeepErrno::new();
+    // SAFETY: our own mapping, page-aligned (the caller's); the advice changes only how
+    // the kernel backs it, never its contents.
+    unsafe { rustix::mm::madvise(ptr.as_ptr().cast(), len, rustix::mm::Advice::LinuxNoHugepage) }.is_ok()
+}
+
+/// Whether the system backs anonymous memory with transparent huge pages by default
+/// (`/sys/kernel/mm/transparent_hugepage/enabled` reads `[always]`), read once and
+/// without allocating. Under `madvise` or `never`, or where the file cannot be read, no
+/// range of ours gets huge pages, since we never ask for them.
+#[cfg(not(scalemem_loom))]
+pub(crate) fn thp_always() -> bool {
+    use core::sync::atomic::{AtomicU8, Ordering};
+    /// 0: not read yet; 1: always; 2: not always.
+    static MODE: AtomicU8 = AtomicU8::new(0);
+    // Relaxed: the value is a pure function of the system's setting; two threads that
+    // both read the file store the same answer.
+    match MODE.load(Ordering::Relaxed) {
+        1 => return true,
+        2 => return false,
+        _ => {}
+    }
+    let _errno = KeepErrno::new();
+    let mut buf = [0u8; 64];
+    let mut len = 0;
+    if let Ok(fd) = rustix::fs::open(
+        c"/sys/kernel/mm/transparent_hugepage/enabled",
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) {
+        len = rustix::io::read(&fd, &mut buf).unwrap_or(0);
+    }
+    let always = buf[..len].windows(8).any(|w| w == b"[always]");
+    MODE.store(if always { 1 } else { 2 }, Ordering::Relaxed);
+    always
+}
+
 #[cfg(not(scalemem_loom))]
 /// Reads an environment variable without allocating (glibc's `getenv` copies nothing).
 /// `name` must end with a NUL byte. Returns the value's bytes.

@@ -406,6 +406,57 @@ fn release_after_a_purge_counts_each_page_once() {
 /// stretch makes its pages dirty again when freed; and the release that retains the
 /// region gives back only the pages no purge has: every page is counted once each time
 /// it goes back, and none stays resident.
+/// The `VmFlags` line of the mapping (from `/proc/self/smaps`) that holds `addr`.
+fn vm_flags(addr: usize) -> String {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for line in smaps.lines() {
+        let range = line.split_whitespace().next().unwrap_or("");
+        if let Some((lo, hi)) = range.split_once('-')
+            && let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+        {
+            inside = lo <= addr && addr < hi;
+            continue;
+        }
+        if inside && let Some(flags) = line.strip_prefix("VmFlags:") {
+            return flags.trim().to_string();
+        }
+    }
+    panic!("no mapping holds {addr:#x}");
+}
+
+#[test]
+fn purged_regions_refuse_huge_pages_where_the_system_gives_them_unasked() {
+    // Where transparent huge pages are on for every mapping (`always`), khugepaged
+    // collapses a 2 MiB range with any page still resident into a huge page: a purged
+    // region (some live slabs, free pages given back) would be resident again in full.
+    // The purge advises such a region MADV_NOHUGEPAGE (VmFlags `nh`), once.
+    for always in [true, false] {
+        testing::assume_thp_always(Some(always));
+        let regions = manual(0);
+        let cache = SlabCache::builder(&regions, "pages", PAGE, PAGE).max_empty(0).build().unwrap();
+        let pages = written_pages(&cache, 8, 7);
+        let region = pages[0].as_ptr() as usize & !(REGION_SIZE - 1);
+        let nh = |flags: &str| flags.split_whitespace().any(|f| f == "nh");
+        assert!(!nh(&vm_flags(region)), "a fresh region is advised nothing");
+        // SAFETY: from `cache`, freed once.
+        unsafe { cache.free(pages[3]) }.unwrap();
+        assert_eq!(regions.purge(1), PAGE);
+        assert_eq!(nh(&vm_flags(region)), always, "always = {always}: {}", vm_flags(region));
+        // The region still serves runs (first fit takes the purged page again).
+        let again = cache.alloc().unwrap();
+        assert_eq!(again, pages[3]);
+        fill(again, PAGE, 8);
+        regions.assert_valid();
+        // `again` is `pages[3]`: every page once.
+        for p in pages {
+            // SAFETY: from `cache`, freed once.
+            unsafe { cache.free(p) }.unwrap();
+        }
+    }
+    testing::assume_thp_always(None);
+}
+
 #[test]
 fn purges_and_release_skip_clean_pages() {
     let regions = manual(1);

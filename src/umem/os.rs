@@ -109,6 +109,41 @@ pub(crate) unsafe fn dontneed(ptr: NonNull<u8>, len: usize) -> bool {
     unsafe { crate::os::dontneed(ptr, len) }
 }
 
+/// Whether ranges of ours get transparent huge pages without asking: the system's
+/// `always` mode (read once), or what [`testing::assume_thp_always`] set for this thread.
+/// Under loom, never.
+pub(crate) fn thp_always() -> bool {
+    #[cfg(not(scalemem_loom))]
+    {
+        match testing::ASSUME_THP.get() {
+            1 => true,
+            2 => false,
+            _ => crate::os::thp_always(),
+        }
+    }
+    #[cfg(scalemem_loom)]
+    false
+}
+
+/// `madvise(MADV_NOHUGEPAGE)` on a range: no huge page backs it from now on (at fault
+/// time or by `khugepaged`'s collapse, which would make pages given back resident
+/// again). Returns whether the kernel accepted. Under loom, nothing (and `true`).
+///
+/// # Safety
+/// The range is page-aligned and inside a mapping of ours.
+pub(crate) unsafe fn no_huge_pages(ptr: NonNull<u8>, len: usize) -> bool {
+    #[cfg(not(scalemem_loom))]
+    {
+        // SAFETY: the caller's.
+        unsafe { crate::os::no_huge_pages(ptr, len) }
+    }
+    #[cfg(scalemem_loom)]
+    {
+        let _ = (ptr, len);
+        true
+    }
+}
+
 /// Fault injection for tests (outside semver): make this thread's maps fail, or its
 /// page give-backs be refused.
 #[doc(hidden)]
@@ -125,6 +160,26 @@ pub mod testing {
         static RANDOM_ONE_IN: u32;
         /// Set: this thread's `madvise(MADV_DONTNEED)` calls are refused.
         pub(super) static REFUSE_DONTNEED: bool;
+        /// 0: ask the system whether huge pages are on by default; 1: assume they are;
+        /// 2: assume they are not.
+        pub(super) static ASSUME_THP: u32;
+    }
+
+    /// Makes this thread's allocator layers act as if the system backed anonymous
+    /// memory with transparent huge pages by default (`Some(true)`: `always` mode), or
+    /// did not (`Some(false)`), or ask the system again (`None`); for tests on machines
+    /// whose mode is `madvise`.
+    ///
+    /// ```
+    /// scalemem::umem::os::testing::assume_thp_always(Some(true));
+    /// scalemem::umem::os::testing::assume_thp_always(None);
+    /// ```
+    pub fn assume_thp_always(assume: Option<bool>) {
+        ASSUME_THP.set(match assume {
+            None => 0,
+            Some(true) => 1,
+            Some(false) => 2,
+        });
     }
 
     /// Makes this thread's page give-backs (`madvise(MADV_DONTNEED)` through
