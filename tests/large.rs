@@ -619,3 +619,61 @@ fn alloc_zeroed_is_zero_on_every_path() {
         heap.assert_valid();
     }
 }
+
+/// The `VmFlags` of the mapping that holds `addr`, from `/proc/self/smaps`.
+fn vm_flags(addr: usize) -> String {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for line in smaps.lines() {
+        let range = line.split_whitespace().next().unwrap_or("");
+        if let Some((lo, hi)) = range.split_once('-')
+            && let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+        {
+            inside = lo <= addr && addr < hi;
+            continue;
+        }
+        if inside && let Some(flags) = line.strip_prefix("VmFlags:") {
+            return flags.trim().to_string();
+        }
+    }
+    panic!("no mapping holds {addr:#x}");
+}
+
+#[test]
+fn given_back_blocks_refuse_huge_pages_where_the_system_gives_them_unasked() {
+    // Under THP `always`, khugepaged collapses a 2 MiB chunk with any resident page into
+    // a huge page: a block given back next to a live one would be resident again. A
+    // give-back (decay, release, shrink) advises the chunks it touches MADV_NOHUGEPAGE
+    // (VmFlags `nh`); where huge pages are opt-in (`madvise`, `never`) it does not.
+    const CHUNK: usize = 2 << 20;
+    let nh = |addr: usize| vm_flags(addr).split_whitespace().any(|f| f == "nh");
+    for always in [true, false] {
+        testing::assume_thp_always(Some(always));
+        let heap =
+            LargeHeap::new(LargeConfig { decay: Duration::ZERO, release: HOUR, ..LargeConfig::default() }).unwrap();
+        let live = heap.alloc(256 << 10, 4096).unwrap();
+        let freed = heap.alloc(1 << 20, 4096).unwrap();
+        let shrunk = heap.alloc(3 << 20, 4096).unwrap();
+        fill(live, 256 << 10, 1);
+        fill(freed, 1 << 20, 2);
+        fill(shrunk, 3 << 20, 3);
+        assert!(!nh(addr(freed)) && !nh(addr(shrunk) + (3 << 20) - 1), "nothing advised before a give-back");
+
+        heap.free(freed).unwrap(); // decay 0: madvised inside the free
+        assert_eq!(resident_pages(freed, 1 << 20), 0, "the freed block's pages went back");
+        assert_eq!(nh(addr(freed)), always, "always = {always}: the freed block's chunk");
+        assert_eq!(nh(addr(freed) & !(CHUNK - 1)), always, "the whole chunk, from its start");
+
+        assert!(heap.shrink_in_place(shrunk, 3 << 20, 4096));
+        let tail = addr(shrunk) + (3 << 20) - 1;
+        assert_eq!(nh(tail), always, "always = {always}: the chunk of a shrunk block's cut tail");
+
+        check(live, 256 << 10, 1);
+        check(shrunk, 4096, 3);
+        heap.free(live).unwrap();
+        heap.free(shrunk).unwrap();
+        heap.assert_valid();
+        drop(heap);
+    }
+    testing::assume_thp_always(None);
+}

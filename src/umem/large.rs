@@ -65,6 +65,17 @@
 //! oldest cached block at once; when the arena cannot serve an allocation (the kernel
 //! refused a map), the whole cache is released and the allocation retried once.
 //!
+//! # Transparent huge pages
+//!
+//! Spans are chunk-aligned (2 MiB by default), so the kernel can back each chunk with
+//! one huge page. Where THP is in `always` mode, `khugepaged` would collapse a chunk
+//! holding a given-back block and any resident page (a live neighbour) back into a
+//! resident huge page, undoing the give-back. So in that mode (read once from
+//! `/sys/kernel/mm/transparent_hugepage/enabled`) every give-back (decay, release, the
+//! cut tail of a shrink) also advises the chunks it touches `MADV_NOHUGEPAGE`; chunks
+//! that never give pages back keep huge pages. In `madvise` or `never` mode nothing is
+//! advised. (The region layer does the same for its regions: `region`'s module doc.)
+//!
 //! # Invariants (checked by [`LargeHeap::assert_valid`])
 //!
 //! 1. Every block, live or cached, is a run of allocated arena segments that tile
@@ -342,6 +353,38 @@ struct Inner {
     reused: usize,
     purged: usize,
     released: usize,
+    /// The chunk size (a copy of the chunks' own, for [`give_back`]).
+    chunk: usize,
+}
+
+/// Gives a freed range's pages back to the kernel (`madvise(MADV_DONTNEED)`) and, where
+/// the system backs memory with huge pages unasked (`always`), keeps the chunks that the
+/// range touches off huge pages from then on (`MADV_NOHUGEPAGE`), so that `khugepaged`
+/// cannot collapse the range back in with a resident neighbour (see "Transparent huge
+/// pages" in the module doc). Returns whether the pages went back.
+///
+/// # Safety
+/// `[ptr, ptr + len)` is page-aligned and inside a span the chunks mapped (chunk-aligned,
+/// a multiple of `chunk`, so the chunks around the range are mapped too), and nobody
+/// needs its contents.
+unsafe fn give_back(ptr: NonNull<u8>, len: usize, chunk: usize) -> bool {
+    // SAFETY: the caller's.
+    let gone = unsafe { os::dontneed(ptr, len) };
+    if gone && len > 0 && os::thp_always() {
+        let start = ptr.as_ptr().addr() & !(chunk - 1);
+        let end = (ptr.as_ptr().addr() + len).next_multiple_of(chunk);
+        // `with_addr` keeps the span's provenance; the envelope is never null (the
+        // span is mapped, and nothing maps the null chunk), but a `None` would only
+        // skip the advice.
+        if let Some(envelope) = NonNull::new(ptr.as_ptr().with_addr(start)) {
+            // SAFETY: `[start, end)` is the chunk-aligned envelope of the range, inside
+            // the same mapped span (spans are chunk-aligned multiples of the chunk);
+            // the advice changes no contents. A refusal (the kernel's map count at its
+            // limit) only leaves huge pages on.
+            let _ = unsafe { os::no_huge_pages(envelope, end - start) };
+        }
+    }
+    gone
 }
 
 // SAFETY: `Inner` owns its tables and its cache mapping outright (nobody else has their
@@ -416,7 +459,7 @@ impl Inner {
         if !clean && let Some(ptr) = ptr_of(base) {
             // SAFETY: (1) the block is page-aligned and inside a span the chunks mapped;
             // (2) it is cached or being shrunk away: nobody needs its contents.
-            unsafe { os::dontneed(ptr, reserved) };
+            unsafe { give_back(ptr, reserved, self.chunk) };
         }
         let end = base + reserved;
         let mut at = base + head;
@@ -454,7 +497,7 @@ impl Inner {
                     if let Some(ptr) = ptr_of(c.base) {
                         // SAFETY: (1) a cached block: page-aligned, in a mapped span;
                         // (2) freed, so nobody needs its contents.
-                        unsafe { os::dontneed(ptr, c.reserved) };
+                        unsafe { give_back(ptr, c.reserved, self.chunk) };
                     }
                     self.cache_mut()[i].madvised = true;
                     self.dirty -= c.reserved;
@@ -568,6 +611,7 @@ impl LargeHeap {
                 reused: 0,
                 purged: 0,
                 released: 0,
+                chunk: config.chunk,
             }),
             decay: nanos(config.decay),
             release: nanos(config.release),
@@ -881,7 +925,7 @@ impl LargeHeap {
                 if let Some(ptr) = ptr_of(at) {
                     // SAFETY: (1) a piece of a live block: page-aligned, in a mapped span;
                     // (2) past the new end, so the caller no longer uses it.
-                    unsafe { os::dontneed(ptr, size) };
+                    unsafe { give_back(ptr, size, inner.chunk) };
                 }
                 let result = vmem.xfree(at, size);
                 debug_assert!(result.is_ok());
@@ -892,7 +936,7 @@ impl LargeHeap {
             {
                 // SAFETY: (1) page-aligned (n is a page multiple), inside the block's kept
                 // pieces; (2) past the new end.
-                unsafe { os::dontneed(ptr, keep_end - cut) };
+                unsafe { give_back(ptr, keep_end - cut, inner.chunk) };
             }
             inner.in_use -= end - keep_end;
             if let Some(l) = inner.live.get_mut(base) {
