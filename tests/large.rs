@@ -640,11 +640,14 @@ fn vm_flags(addr: usize) -> String {
 }
 
 #[test]
-fn given_back_blocks_refuse_huge_pages_where_the_system_gives_them_unasked() {
-    // Under THP `always`, khugepaged collapses a 2 MiB chunk with any resident page into
-    // a huge page: a block given back next to a live one would be resident again. A
-    // give-back (decay, release, shrink) advises the chunks it touches MADV_NOHUGEPAGE
-    // (VmFlags `nh`); where huge pages are opt-in (`madvise`, `never`) it does not.
+fn under_thp_always_partial_and_given_back_chunks_refuse_huge_pages() {
+    // Under THP `always`, a first touch faults in a whole 2 MiB chunk as one huge page
+    // (the rest of a chunk a block covers in part becomes resident zeros), and
+    // khugepaged collapses a chunk with any resident page into a huge page (a block
+    // given back next to a live one would be resident again). So a fresh block's partial
+    // chunks, and the chunks a give-back (decay, release, shrink) touches, are advised
+    // MADV_NOHUGEPAGE (VmFlags `nh`); where huge pages are opt-in (`madvise`, `never`),
+    // nothing is.
     const CHUNK: usize = 2 << 20;
     let nh = |addr: usize| vm_flags(addr).split_whitespace().any(|f| f == "nh");
     for always in [true, false] {
@@ -654,10 +657,17 @@ fn given_back_blocks_refuse_huge_pages_where_the_system_gives_them_unasked() {
         let live = heap.alloc(256 << 10, 4096).unwrap();
         let freed = heap.alloc(1 << 20, 4096).unwrap();
         let shrunk = heap.alloc(3 << 20, 4096).unwrap();
+        let whole = heap.alloc(CHUNK, CHUNK).unwrap();
+        // Fresh blocks: the chunks they cover in part are advised before any touch (so
+        // a first touch cannot fault in the rest of the chunk as part of a huge page);
+        // a chunk a block covers whole keeps huge pages.
+        assert_eq!(nh(addr(live)), always, "always = {always}: a fresh 256 KiB block's chunk");
+        assert_eq!(nh(addr(freed)), always, "always = {always}: a fresh 1 MiB block's chunk");
+        assert!(!nh(addr(whole)) && !nh(addr(whole) + CHUNK - 1), "a chunk covered whole keeps huge pages");
         fill(live, 256 << 10, 1);
         fill(freed, 1 << 20, 2);
         fill(shrunk, 3 << 20, 3);
-        assert!(!nh(addr(freed)) && !nh(addr(shrunk) + (3 << 20) - 1), "nothing advised before a give-back");
+        fill(whole, CHUNK, 4);
 
         heap.free(freed).unwrap(); // decay 0: madvised inside the free
         assert_eq!(resident_pages(freed, 1 << 20), 0, "the freed block's pages went back");
@@ -670,8 +680,10 @@ fn given_back_blocks_refuse_huge_pages_where_the_system_gives_them_unasked() {
 
         check(live, 256 << 10, 1);
         check(shrunk, 4096, 3);
+        check(whole, CHUNK, 4);
         heap.free(live).unwrap();
         heap.free(shrunk).unwrap();
+        heap.free(whole).unwrap();
         heap.assert_valid();
         drop(heap);
     }
