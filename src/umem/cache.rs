@@ -91,7 +91,9 @@
 //!   none is lost) empties full magazines into the slab layer at once until half the threshold is
 //!   left (a batch per trim, not a magazine per push; destructors run;
 //!   the magazines stay in the depot, empty: [`CpuCaches::trim_depot`]), and then
-//!   [`Regions::purge`] gives the pages of the slabs that went back to the kernel. The
+//!   [`Regions::purge`] gives the pages of the slabs that went back to the kernel (of
+//!   each region with at least 64 pages, 256 KiB, freed since its last purge: fewer
+//!   are left to a later trim, the decay or the region's release). The
 //!   fast paths are not stopped and no fence is issued. This is glibc's trim at free
 //!   time (`M_TRIM_THRESHOLD`) for a heap that has just freed much more than it keeps
 //!   using: its resident set drops when the frees happen, not a working-set interval
