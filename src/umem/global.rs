@@ -1526,6 +1526,25 @@ pub(super) unsafe fn fork_unlock() {
 // ---------------------------------------------------------------------------------------
 // The Rust interfaces.
 
+/// `Umem::dealloc` past its hit: a bootstrap block (ignored), a large block, or a
+/// size-class block whose magazine push was refused (full, locked mode, or the class's
+/// slots not published).
+///
+/// # Safety
+/// As `GlobalAlloc::dealloc`: a live block of this allocator with this layout, freed
+/// once.
+#[cold]
+#[inline(never)]
+unsafe fn dealloc_miss(ptr: *mut u8, layout: Layout) {
+    if boot_contains(ptr) {
+        return;
+    }
+    let Some(heap) = heap_if_made() else { return };
+    // SAFETY: the caller's contract: a live block of this layout (so of this path), not
+    // null, freed once.
+    unsafe { heap.free_block(NonNull::new_unchecked(ptr), class_of(layout.size(), layout.align())) };
+}
+
 // SAFETY: `alloc` returns null or a block of at least `layout.size()` bytes aligned to
 // `layout.align()` that no other live block overlaps (module invariants); `dealloc`
 // routes a block back by its layout, which maps to the path that made it (`realloc`
@@ -1536,15 +1555,23 @@ unsafe impl GlobalAlloc for Umem {
         alloc_block(layout.size(), layout.align())
     }
 
+    /// The hit is `free`'s: the registry bit says the block is in one of the heap's
+    /// regions (so it is no bootstrap block: those live in the bootstrap chunks, never
+    /// in a registered region, as `free` relies on too), and the layout names its class,
+    /// so a push into this CPU's magazine is all it needs. The bootstrap arena's chunk
+    /// test (up to eight bases) and the heap pointer wait for the miss.
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        if boot_contains(ptr) {
+        if let Some(class) = class_of(layout.size(), layout.align())
+            && REGISTRY.has(ptr)
+            // SAFETY: the caller's contract: a live block of this layout, so (in a region)
+            // an object of this class's cache, not null, freed once.
+            && push_fast(unsafe { NonNull::new_unchecked(ptr) }, class)
+        {
             return;
         }
-        let Some(heap) = heap_if_made() else { return };
-        // SAFETY: the caller's contract: a live block of this layout (so of this path),
-        // not null, freed once.
-        unsafe { heap.free_block(NonNull::new_unchecked(ptr), class_of(layout.size(), layout.align())) };
+        // SAFETY: the caller's contract.
+        unsafe { dealloc_miss(ptr, layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
@@ -1699,5 +1726,36 @@ mod tests {
         // A free of a bootstrap block is ignored.
         // SAFETY: a bootstrap block, which `free` recognises and leaves alone.
         unsafe { free(small) };
+    }
+
+    /// `Umem::dealloc` of a bootstrap block with a size-class layout (a block allocated
+    /// re-entrantly while the heap was being made, freed later by its owner) is ignored:
+    /// its hit path pushes into the class's magazine only blocks in a registered region,
+    /// so the bootstrap block is never handed out again as a heap block.
+    #[test]
+    fn dealloc_of_a_bootstrap_block_is_ignored() {
+        let layout = Layout::from_size_align(64, 16).expect("a valid layout");
+        let umem = Umem::new();
+        // SAFETY: a non-zero-size layout; freed once below. (Makes the heap and the
+        // class's cache, so that the class's magazine push is the hit path.)
+        unsafe { umem.dealloc(umem.alloc(layout), layout) };
+        let boot = boot_alloc(64, 16);
+        assert!(!boot.is_null() && boot_contains(boot) && !REGISTRY.has(boot));
+        // SAFETY: a bootstrap block of this layout, freed once (ignored).
+        unsafe { umem.dealloc(boot, layout) };
+        // Had the push taken it, this CPU's next allocations of the class would pop it.
+        let blocks: Vec<*mut u8> = (0..1000)
+            .map(|_| {
+                // SAFETY: a non-zero-size layout.
+                let p = unsafe { umem.alloc(layout) };
+                assert!(!p.is_null());
+                p
+            })
+            .collect();
+        assert!(!blocks.contains(&boot), "a bootstrap block was handed out again");
+        for p in blocks {
+            // SAFETY: allocated above with this layout, freed once.
+            unsafe { umem.dealloc(p, layout) };
+        }
     }
 }
