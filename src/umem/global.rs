@@ -1576,13 +1576,15 @@ unsafe impl GlobalAlloc for Umem {
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let align = layout.align();
-        if boot_contains(ptr) {
+        let old_class = class_of(layout.size(), align);
+        let new_class = class_of(new_size, align);
+        // A size-class block in a registered region is no bootstrap block (as in
+        // `dealloc`): only other blocks pay the chunk test.
+        if !(old_class.is_some() && REGISTRY.has(ptr)) && boot_contains(ptr) {
             // SAFETY: a live bootstrap block of `layout.size()` bytes; the new layout is
             // valid (the caller's contract).
             return unsafe { self.move_to(ptr, layout, new_size) };
         }
-        let old_class = class_of(layout.size(), align);
-        let new_class = class_of(new_size, align);
         match (old_class, new_class) {
             (Some(a), Some(b)) if a == b => return ptr,
             (None, None) => {
@@ -1756,6 +1758,20 @@ mod tests {
         for p in blocks {
             // SAFETY: allocated above with this layout, freed once.
             unsafe { umem.dealloc(p, layout) };
+        }
+        // A bootstrap block holds exactly what was asked: a realloc within the class
+        // moves it (a heap block of the class would stay in place).
+        let small = Layout::from_size_align(50, 16).expect("a valid layout");
+        let boot = boot_alloc(50, 16);
+        assert!(!boot.is_null() && class_of(50, 16) == class_of(60, 16));
+        // SAFETY: 50 writable bytes; then a realloc of that live bootstrap block, whose
+        // result (60 bytes) is freed once.
+        unsafe {
+            boot.write_bytes(0x5a, 50);
+            let moved = umem.realloc(boot, small, 60);
+            assert!(!moved.is_null() && moved != boot, "realloc kept a bootstrap block in place");
+            assert!(std::slice::from_raw_parts(moved, 50).iter().all(|&b| b == 0x5a));
+            umem.dealloc(moved, Layout::from_size_align(60, 16).expect("a valid layout"));
         }
     }
 }
