@@ -1085,7 +1085,8 @@ pub unsafe fn usable_size(ptr: *const u8) -> usize {
     if ptr.is_null() {
         return 0;
     }
-    if boot_contains(ptr) {
+    // A block in a registered region is no bootstrap block: only others pay the chunk test.
+    if !REGISTRY.has(ptr) && boot_contains(ptr) {
         // SAFETY: a bootstrap block (the caller's contract: live, ours).
         return unsafe { boot_size(ptr) };
     }
@@ -1121,7 +1122,8 @@ pub unsafe fn realloc(ptr: *mut u8, size: usize) -> *mut u8 {
         unsafe { free(ptr) };
         return ptr::null_mut();
     }
-    if boot_contains(ptr) {
+    // As in `usable_size`.
+    if !REGISTRY.has(ptr) && boot_contains(ptr) {
         // SAFETY: a live bootstrap block.
         let old = unsafe { boot_size(ptr) };
         // SAFETY: the caller's contract; the old block is ignored when freed.
@@ -1772,6 +1774,19 @@ mod tests {
             assert!(!moved.is_null() && moved != boot, "realloc kept a bootstrap block in place");
             assert!(std::slice::from_raw_parts(moved, 50).iter().all(|&b| b == 0x5a));
             umem.dealloc(moved, Layout::from_size_align(60, 16).expect("a valid layout"));
+        }
+        // The C family too: `malloc_usable_size` is the bootstrap block's own size, and
+        // `realloc` moves it, keeping the contents.
+        let boot = boot_alloc(40, 16);
+        // SAFETY: 40 writable bytes of a live bootstrap block; the realloc's result is
+        // freed once.
+        unsafe {
+            boot.write_bytes(0x3c, 40);
+            assert_eq!(usable_size(boot), 40);
+            let moved = realloc(boot, 48);
+            assert!(!moved.is_null() && moved != boot && REGISTRY.has(moved));
+            assert!(std::slice::from_raw_parts(moved, 40).iter().all(|&b| b == 0x3c));
+            free(moved);
         }
     }
 }
