@@ -388,12 +388,14 @@ fn percpu_arc_stress_with_owner_dropped_mid_run() {
     let drops = Arc::new(AtomicUsize::new(0));
     let owner = Mutex::new(Some(PercpuOwner::new(Tracked(drops.clone())).unwrap()));
     let seed = owner.lock().unwrap().as_ref().unwrap().share();
-    let handles: Vec<PercpuArc<Tracked>> = (0..THREADS).map(|_| seed.clone()).collect();
+    // One slot per worker, touched only by the test thread (before the workers start)
+    // and by its worker: no std Mutex handover, which ThreadSanitizer cannot see.
+    let handles: Vec<Mutex<Option<PercpuArc<Tracked>>>> =
+        (0..THREADS).map(|_| Mutex::new(Some(seed.clone()))).collect();
     drop(seed);
-    let handles = Mutex::new(handles);
     let (_, Chaos { signals, .. }) = CHAOS.stress_with_side(
-        |_, migrator, deadline| {
-            let mine = handles.lock().unwrap().pop().unwrap();
+        |t, migrator, deadline| {
+            let mine = handles[t].lock().unwrap().take().unwrap();
             let mut stash = Vec::with_capacity(8);
             let mut op = 0;
             while op < 100_000 && Instant::now() < deadline {

@@ -30,12 +30,60 @@
 //! [`model::set_sections`](super::model::set_sections) (none, all, or the first two
 //! threads), so the atomic fallbacks, the sections, and a mix of both on one CPU are all
 //! checked.
+//!
+//! # ThreadSanitizer
+//!
+//! TSan sees neither the `asm!` sections nor the membarrier, so it would miss the edge
+//! the rseq fence makes: a put that commits in a section, then the fold that sums it and
+//! the release that frees the object (a report "in free" against a reader's earlier
+//! load, about one run in thirty of the refcount tests). Under `cfg(scalemem_tsan)` the
+//! edge is told to it as the kernel makes it: every section entry is a release on one
+//! process-wide sync address (`tsan::before_section`), and the rseq fence is an acquire
+//! of it (`tsan::after_fence`). That is exactly `membarrier`'s guarantee (everything any
+//! thread did before the call, in real time, is ordered before the caller's next access),
+//! restricted to threads that entered a section: nothing more is hidden from TSan.
 
 #[cfg(not(scalemem_loom))]
 use crate::cpu::rseq;
 #[cfg(scalemem_loom)]
 use crate::sync::atomic::AtomicIsize;
 use crate::sync::atomic::AtomicUsize;
+
+/// The rseq fence's happens-before edge, told to ThreadSanitizer (module documentation,
+/// "ThreadSanitizer"). Only in `cfg(scalemem_tsan)` builds, whose runtime defines these.
+#[cfg(all(scalemem_tsan, not(scalemem_loom)))]
+mod tsan {
+    use core::ffi::c_void;
+
+    // SAFETY: both are defined by the ThreadSanitizer runtime that every
+    // `-Zsanitizer=thread` binary links (tsan_interface_ann); they take any address as
+    // a sync object's name and never dereference it.
+    unsafe extern "C" {
+        fn __tsan_acquire(addr: *mut c_void);
+        fn __tsan_release(addr: *mut c_void);
+    }
+
+    /// The sync object's name: any fixed address will do.
+    static SYNC: u8 = 0;
+
+    fn name() -> *mut c_void {
+        (&raw const SYNC).cast_mut().cast()
+    }
+
+    /// Before a section: everything this thread did so far is ordered before the next
+    /// rseq fence (in real time) that any thread completes.
+    #[inline]
+    pub(super) fn before_section() {
+        // SAFETY: see the declarations; `name()` is a valid address.
+        unsafe { __tsan_release(name()) };
+    }
+
+    /// After the rseq fence: acquire what every earlier section entry released.
+    pub(super) fn after_fence() {
+        // SAFETY: as above.
+        unsafe { __tsan_acquire(name()) };
+    }
+}
 
 /// Proof that the calling thread may run sections, and the handle they need. Obtained
 /// with [`area`] on the thread that uses it; never sent to another thread (`!Send`).
@@ -116,6 +164,8 @@ pub(crate) fn fence() {
             crate::cpu::fence::heavy_rseq(),
             "membarrier(PRIVATE_EXPEDITED_RSEQ) failed after it had succeeded: per-CPU counts cannot be closed"
         );
+        #[cfg(scalemem_tsan)]
+        tsan::after_fence();
     }
     #[cfg(scalemem_loom)]
     {
@@ -179,6 +229,8 @@ pub(crate) unsafe fn add_if_clear_block(area: Area, block: &AddBlock, mask: usiz
     }
     #[cfg(not(scalemem_loom))]
     {
+        #[cfg(scalemem_tsan)]
+        tsan::before_section();
         // SAFETY: (1) area from this thread. The block is a live repr(C) AddBlock: its
         // first two words are the flags (an AtomicUsize) and the fixed words address,
         // 8-byte aligned. Its `ncpus` words at BLOCK_STRIDE apart lie in the live PerCpu
@@ -257,6 +309,8 @@ pub(crate) unsafe fn add_if_key_block(
     }
     #[cfg(not(scalemem_loom))]
     {
+        #[cfg(scalemem_tsan)]
+        tsan::before_section();
         // SAFETY: (1)-(3) passed on; the words are 8-byte-aligned atomics in the
         // mapping, and `blocks.base` is a fixed, aligned word that outlives the call.
         unsafe { rseq::add_if_key_in(area.ptr, &blocks.base, stride, ncpus, key_off, key, delta) }

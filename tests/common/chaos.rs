@@ -147,9 +147,9 @@ impl Config {
                     })
                 })
                 .collect();
-            if let Some(side) = side {
-                s.spawn(move || side(deadline));
-            }
+            // Joined below, not left to the scope's end: ThreadSanitizer sees a join
+            // (pthread_join) but not the scope's own wait for its threads.
+            let side = side.map(|side| s.spawn(move || side(deadline)));
             // This thread is the signal thread.
             while finished.load(Acquire) < self.threads {
                 // Acquire: pairs with the worker's Release store of its pthread_t.
@@ -162,7 +162,11 @@ impl Config {
                 std::thread::sleep(self.signal_interval);
             }
             signals_stopped.store(true, Release);
-            workers.into_iter().map(|w| w.join().unwrap()).collect()
+            let results = workers.into_iter().map(|w| w.join().unwrap()).collect();
+            if let Some(side) = side {
+                side.join().unwrap();
+            }
+            results
         });
         (results, Chaos { signals, migrations: migrations.into_inner() })
     }
