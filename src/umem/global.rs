@@ -37,10 +37,15 @@
 //! back), and by its address for the C ones: the regions' registry (one bit per 2 MiB
 //! region, read without a lock; `free` keeps its address in a static) says whether a
 //! pointer is a slab object, and its page's tag in the region header (each class's slab
-//! pages are tagged class + 1 when their run is taken) names its class, so `free` finds
-//! the class in two loads and pushes onto the magazine (`malloc_usable_size` and
-//! `realloc` take the size from the same tag). Anything else is asked of the large
-//! heap.
+//! pages are tagged class + 1 when their run is taken) names its class
+//! (`malloc_usable_size` and `realloc` take the size from it). `free` does not even need
+//! the class: the same run-taking copies the class's published per-CPU slots
+//! (`FAST_SLOTS`) into a *tag word* beside each page's tag (`RegionsBuilder::tag_words`),
+//! so `free` tests the registry bit, loads the page's word and pushes onto the current
+//! CPU's magazine: one load that depends on the pointer, not a tag and then a table
+//! entry (which an alloc-then-free loop waits for in turn, pair after pair). A null word
+//! (a run taken before the slots were published, or locked mode) falls back to the tag.
+//! Anything else is asked of the large heap.
 //!
 //! # No allocation through itself
 //!
@@ -533,7 +538,9 @@ fn build_heap() -> Option<*const Heap> {
     // Manual Refcache epochs: ticked by maintenance, not by a background thread.
     // SAFETY: REGISTRY is this heap's alone: the heap is built under INIT, and a build
     // that fails after this line drops its manager, which maps no region before that.
+    // The tag words: each slab page names its class's published slots (see `free`).
     let regions = unsafe { Regions::builder().refcache(crate::refcount::Config::manual()).static_registry(&REGISTRY) }
+        .tag_words(&FAST_SLOTS.base)
         .build()
         .ok()?;
     let large = LargeHeap::new(LargeConfig::default()).ok()?;
@@ -945,8 +952,27 @@ pub unsafe fn free(ptr: *mut u8) {
     let Some(nn) = NonNull::new(ptr) else { return };
     if REGISTRY.has(ptr) {
         // SAFETY: in one of the heap's regions, so (the caller's contract: a live block
-        // of ours) in a live slab of a size-class cache, whose pages were tagged with
-        // its class + 1 before the object was handed out (see `page_tag`).
+        // of ours) in a live slab of a size-class cache, whose pages were given their
+        // tag word before the object was handed out (see `region::page_word`).
+        let word = unsafe { region::page_word(ptr) };
+        if !word.is_null() {
+            // The page's class's slots, as `FAST_SLOTS` published them (the heap's regions
+            // copy `FAST_SLOTS.base[tag]` into each page of a run taken with `tag`): one
+            // load from the pointer instead of the tag's and then the table's, which an
+            // alloc-then-free loop would wait for in turn. Relaxed: `ncpus` was stored
+            // before any base was published, and the word was loaded from the table
+            // with Acquire before the object was handed out.
+            let slots = RawSlots { base: word, ncpus: FAST_SLOTS.ncpus.load(Ordering::Relaxed) };
+            // SAFETY: published slots of a global layer, which lives forever; the object
+            // is one of its cache's (its page's word is its class's slots).
+            if unsafe { slots.push(nn) } {
+                return;
+            }
+            // SAFETY: the caller's contract.
+            return unsafe { free_rest(nn) };
+        }
+        // A run taken before its class's slots were published, or locked mode: the tag.
+        // SAFETY: as above, for the page's tag (see `page_tag`).
         let tag = unsafe { region::page_tag(ptr) };
         // A live object of its page's tag's class, freed once (the caller's contract).
         if let Some(slots) = fast_slots(tag) {
@@ -1703,6 +1729,54 @@ impl Umem {
 #[cfg(all(test, not(scalemem_loom)))]
 mod tests {
     use super::*;
+
+    /// Every size-class block's page names its class's published slots (the tag word
+    /// `free` pushes through), and a free through that word goes to its own class: a
+    /// block freed by `free` is handed out again only for a request of its class.
+    #[test]
+    fn free_finds_the_class_slots_through_the_page_word() {
+        let sizes = [8, 24, 64, 100, 256, 1000, 4096, 20_000, MAX_CLASS_SIZE];
+        let mut checked = 0;
+        for &size in &sizes {
+            let p = malloc(size);
+            assert!(!p.is_null());
+            let class = class_of(size, MIN_ALIGN).expect("a size class");
+            // SAFETY: a live block from `malloc`, in one of the heap's regions.
+            let (tag, word) = unsafe { (region::page_tag(p), region::page_word(p)) };
+            assert_eq!(tag, tag_of(class), "page tag of a {size}-byte block");
+            // Acquire: as in `fast_slots_at`.
+            let published = FAST_SLOTS.base[usize::from(tag)].load(Ordering::Acquire);
+            if !published.is_null() {
+                // Runs taken before the class's slots were published keep a null word;
+                // every run taken after names them.
+                assert!(word.is_null() || word == published, "a {size}-byte block's page names other slots");
+                checked += usize::from(word == published);
+            } else {
+                assert!(word.is_null(), "a word without published slots (locked mode)");
+            }
+            // SAFETY: from `malloc`, freed once.
+            unsafe { free(p) };
+        }
+        if crate::cpu::rseq_enabled() && FAST_SLOTS.ncpus.load(Ordering::Relaxed) != 0 {
+            assert!(checked > 0, "no block's page named its class's slots in rseq mode");
+        }
+        // Freed through the word into its class's magazine: a block of one class is never
+        // handed out for another. (A word naming the wrong slots would hand a 64-byte
+        // block out for a 4 KiB request.)
+        let small: Vec<*mut u8> = (0..200).map(|_| malloc(64)).collect();
+        for &p in &small {
+            // SAFETY: from `malloc`, freed once.
+            unsafe { free(p) };
+        }
+        let big: Vec<*mut u8> = (0..200).map(|_| malloc(4096)).collect();
+        for &p in &big {
+            assert!(!small.contains(&p), "a 64-byte block was handed out for 4096 bytes");
+            // SAFETY: a live block from `malloc`.
+            assert!(unsafe { usable_size(p) } >= 4096);
+            // SAFETY: from `malloc`, freed once.
+            unsafe { free(p) };
+        }
+    }
 
     /// The bootstrap arena moves on to the next, larger chunk when a block does not fit
     /// in the rest of the one in use; blocks in every chunk are recognised as bootstrap

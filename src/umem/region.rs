@@ -30,7 +30,11 @@
 //! one word per page, the address of the slab header that owns the page (every page of a
 //! slab's run names the same header), or 0 for a free page; and a **tag** byte per page,
 //! the caller's label for the run (`Regions::alloc_run`: one more than the size class
-//! for the global heap's caches, 0 otherwise). The rest of the region is
+//! for the global heap's caches, 0 otherwise); and a **tag word** per page, the word a
+//! manager built with a tag-word table (`RegionsBuilder::tag_words`) held for the run's
+//! tag when the run was taken (the global heap's table names each class's per-CPU
+//! magazine slots, so that `free` reaches them from the pointer in one load, not a load
+//! of the tag and a second of the table), null otherwise. The rest of the region is
 //! handed out as **runs** of whole pages, first fit in the bitmap. A region page is
 //! always 4 KiB ([`PAGE`]); the kernel's page size only matters for `madvise`, which is
 //! applied to the whole region past its header.
@@ -270,6 +274,11 @@ pub(crate) struct RegionHeader {
     /// free. Written under the lock with the page map; read without it by the global
     /// heap's `free`, which finds a block's size class in one load this way.
     tags: [AtomicU8; PAGES],
+    /// Each page's tag word: the manager's tag-word table's entry for the run's tag when
+    /// the run was taken ([`RegionsBuilder::tag_words`]), 0 if free, if the manager has
+    /// no table, or if the entry was null then. Written under the lock with the tags;
+    /// read without it by the global heap's `free` ([`page_word`]).
+    words: [AtomicUsize; PAGES],
 }
 
 /// The lock-protected state of a manager.
@@ -285,7 +294,15 @@ struct Shared {
     registry: *mut u64,
     /// Whether `registry` is a [`StaticRegistry`] (never unmapped).
     registry_static: bool,
+    /// The tag-word table given at build ([`RegionsBuilder::tag_words`]), if any.
+    tag_words: Option<&'static TagWords>,
 }
+
+/// A tag-word table ([`RegionsBuilder::tag_words`]): one word per page tag, null for
+/// "none"; an entry, once non-null, names something that outlives every run taken with
+/// its tag. Plain `core` atomics, also under loom: the table is a static of the global
+/// heap, which loom does not model.
+pub(crate) type TagWords = [core::sync::atomic::AtomicPtr<u8>; 256];
 
 // SAFETY: the raw pointers in `Shared` point to regions and a registry mapped by the
 // manager, reached only under the manager's lock, from whichever thread holds it; nothing
@@ -420,6 +437,7 @@ pub struct RegionsBuilder {
     config: Config,
     retain: usize,
     registry: Option<&'static StaticRegistry>,
+    tag_words: Option<&'static TagWords>,
 }
 
 impl RegionsBuilder {
@@ -449,6 +467,17 @@ impl RegionsBuilder {
         self
     }
 
+    /// A table of words by page tag: when a run is taken with tag `t`, each of its pages'
+    /// tag word ([`page_word`]) is set to `table[t]` as loaded then (Acquire), so that a
+    /// reader holding a pointer into the run finds the word in one load. An entry that
+    /// becomes non-null later is not copied into runs taken before (their words stay
+    /// null: readers fall back to the tag). The global heap's table names each class's
+    /// per-CPU slots. Default: none (every word stays null).
+    pub(crate) fn tag_words(mut self, table: &'static TagWords) -> Self {
+        self.tag_words = Some(table);
+        self
+    }
+
     /// Makes the manager: maps its state and starts its Refcache. Fails if the kernel
     /// refuses the memory or the ticker thread cannot start.
     pub fn build(self) -> Result<Regions, AllocError> {
@@ -463,6 +492,7 @@ impl RegionsBuilder {
                 runs: 0,
                 registry: self.registry.map_or(ptr::null_mut(), |r| r.0.as_ptr().cast::<u64>().cast_mut()),
                 registry_static: self.registry.is_some(),
+                tag_words: self.tag_words,
             }),
             mapped: AtomicUsize::new(0),
             returned: AtomicUsize::new(0),
@@ -516,7 +546,7 @@ impl Regions {
 
     /// The builder: Refcache configuration and retention limit.
     pub fn builder() -> RegionsBuilder {
-        RegionsBuilder { config: Config::default(), retain: 4, registry: None }
+        RegionsBuilder { config: Config::default(), retain: 4, registry: None, tag_words: None }
     }
 
     fn inner(&self) -> &Inner {
@@ -753,6 +783,7 @@ impl Regions {
                 unsafe {
                     (*r).map[page].store(0, Ordering::Relaxed);
                     (*r).tags[page].store(0, Ordering::Relaxed);
+                    (*r).words[page].store(0, Ordering::Relaxed);
                 }
             }
             locked.free_pages += pages;
@@ -929,6 +960,15 @@ impl Regions {
                         // SAFETY: as above. Relaxed: as above.
                         let tag = unsafe { (*r).tags[page].load(Ordering::Relaxed) };
                         assert!(used || tag == 0, "region: a free page keeps a tag");
+                        // SAFETY: as above. Relaxed: as above.
+                        let word = unsafe { (*r).words[page].load(Ordering::Relaxed) };
+                        assert!(used || word == 0, "region: a free page keeps a tag word");
+                        assert!(
+                            word == 0
+                                || s.tag_words
+                                    .is_some_and(|t| t[usize::from(tag)].load(Ordering::Relaxed) as usize == word),
+                            "region: a tag word that is not its tag's"
+                        );
                         if page < HEADER_PAGES {
                             assert!(used && owner == 0, "region: header page free or owned");
                             continue;
@@ -1216,6 +1256,10 @@ unsafe fn take_run(
     // SAFETY: the region is mapped; `first` is inside it.
     let base = unsafe { NonNull::new_unchecked((r as *mut u8).add(first * PAGE)) };
     let owner = init(base).as_ptr() as usize;
+    // Acquire: pairs with the Release store that published the entry: what it names is
+    // initialised before a reader of the page word (ordered after this run is handed
+    // out, see `page_word`) can follow it.
+    let word = s.tag_words.map_or(0, |t| t[usize::from(tag)].load(Ordering::Acquire) as usize);
     // SAFETY: under the lock.
     let locked = unsafe { &mut (*r).locked };
     for page in first..first + pages {
@@ -1227,6 +1271,7 @@ unsafe fn take_run(
         // address to the slab header).
         unsafe {
             (*r).tags[page].store(tag, Ordering::Relaxed);
+            (*r).words[page].store(word, Ordering::Relaxed);
             (*r).map[page].store(owner, Ordering::Release);
         }
     }
@@ -1277,6 +1322,7 @@ fn map_region(s: &mut Shared, inner: &Inner) -> Result<*mut RegionHeader, AllocE
         },
         map: core::array::from_fn(|_| AtomicUsize::new(0)),
         tags: core::array::from_fn(|_| AtomicU8::new(0)),
+        words: core::array::from_fn(|_| AtomicUsize::new(0)),
     };
     // SAFETY: a fresh, aligned mapping of REGION_SIZE bytes, larger than the header; the
     // registry is mapped (above) and ours under the lock.
@@ -1326,6 +1372,23 @@ pub(crate) unsafe fn page_tag(ptr: *const u8) -> u8 {
     // after that (the contract), which orders it; it is a plain value (no address to
     // follow).
     unsafe { (*(base as *const RegionHeader)).tags[page].load(Ordering::Relaxed) }
+}
+
+/// The tag word of the page holding `ptr` ([`RegionsBuilder::tag_words`]): the entry of
+/// its manager's table for the run's tag when the run was taken, null if none. Read
+/// without any lock, like [`page_tag`]: the global heap's `free` reaches the class's
+/// per-CPU slots with it.
+///
+/// # Safety
+/// As [`page_tag`].
+#[inline]
+pub(crate) unsafe fn page_word(ptr: *const u8) -> *mut u8 {
+    let base = region_of(ptr as usize);
+    let page = (ptr as usize - base) / PAGE;
+    // SAFETY: as in `page_tag`. Relaxed: the word was stored before the run was handed
+    // out and the caller learnt of `ptr` after that (the contract), which orders the
+    // store, and the Acquire load of the table entry before it, before this load.
+    unsafe { (*(base as *const RegionHeader)).words[page].load(Ordering::Relaxed) as *mut u8 }
 }
 
 /// [`Regions::contains`] on a registry from [`Regions::registry`]: whether `ptr` lies in
@@ -1410,5 +1473,54 @@ mod tests {
             assert!(!REGISTRY.has(p), "the dropped manager's region is still claimed");
         }
         assert!(REGISTRY.0.iter().all(|w| w.load(Ordering::Relaxed) == 0));
+    }
+
+    /// A manager with a tag-word table gives every page of a run its tag's entry as it
+    /// was when the run was taken (null for a null entry, and for a manager without a
+    /// table); a freed run's pages lose their words, and the page's next run gets its
+    /// own tag's.
+    #[test]
+    fn runs_carry_their_tags_word_from_the_table() {
+        use core::sync::atomic::AtomicPtr;
+        static TABLE: TagWords = [const { AtomicPtr::new(ptr::null_mut()) }; 256];
+        let mut a = 1u64;
+        let mut b = 2u64;
+        let (pa, pb) = (ptr::from_mut(&mut a).cast::<u8>(), ptr::from_mut(&mut b).cast::<u8>());
+        TABLE[3].store(pa, Ordering::Release);
+        TABLE[4].store(pb, Ordering::Release);
+        let regions = Regions::builder().refcache(Config::manual()).tag_words(&TABLE).build().unwrap();
+        let three = regions.alloc_run(3, 3, |base| base).unwrap();
+        let four = regions.alloc_run(1, 4, |base| base).unwrap();
+        let none = regions.alloc_run(1, 5, |base| base).unwrap();
+        // A late entry is not copied into the run taken before it.
+        TABLE[5].store(pa, Ordering::Release);
+        for page in 0..3 {
+            // SAFETY: a pointer into a live run of this manager (as in every call below).
+            assert_eq!(unsafe { page_word(three.as_ptr().wrapping_add(page * PAGE + 17)) }, pa);
+        }
+        // SAFETY: as above.
+        assert_eq!(unsafe { page_word(four.as_ptr().wrapping_add(PAGE - 1)) }, pb);
+        // SAFETY: as above.
+        assert!(unsafe { page_word(none.as_ptr()) }.is_null());
+        regions.assert_valid();
+        // SAFETY: runs from this manager's `alloc_run`, freed once, not used after.
+        unsafe {
+            regions.free_run(three, 3);
+            regions.free_run(four, 1);
+        }
+        regions.assert_valid(); // free pages keep no word
+        let again = regions.alloc_run(4, 4, |base| base).unwrap();
+        assert_eq!(again, three, "first fit takes the freed pages again");
+        for page in 0..4 {
+            // SAFETY: as above.
+            assert_eq!(unsafe { page_word(again.as_ptr().wrapping_add(page * PAGE)) }, pb);
+        }
+        regions.assert_valid();
+        // No table: every word stays null.
+        let plain = Regions::builder().refcache(Config::manual()).build().unwrap();
+        let run = plain.alloc_run(1, 3, |base| base).unwrap();
+        // SAFETY: as above.
+        assert!(unsafe { page_word(run.as_ptr()) }.is_null());
+        plain.assert_valid();
     }
 }
