@@ -128,3 +128,10 @@ impl fmt::Display for AllocError {
 }
 
 impl std::error::Error for AllocError {}
+
+/// Marks the branch that calls it as the unlikely one, so that the compiler lays the
+/// other branch out as the fall-through (what `core::hint::cold_path` does from Rust
+/// 1.95; the crate's minimum Rust is older). A call of an empty `#[cold]` function: the
+/// call is inlined away and leaves only the branch weight.
+#[cold]
+pub(crate) fn cold_path() {}

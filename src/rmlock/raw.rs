@@ -33,31 +33,29 @@ const DRAIN_TICK: u32 = 2;
 /// their interleavings.
 const SPIN_FIRST: bool = !cfg!(scalemem_loom);
 
-/// How a read guard is held: the address of a slot of the thread's record, with
-/// [`Ticket::SEQCST`] set if that thread's slot operations issue SeqCst fences (it
-/// registered in the symmetric mode), or [`Ticket::COUNTED`]: counted per CPU. A clear
-/// low bit, the common case, is all the inline release tests.
+/// How a read guard is held: the address of a slot of the thread's record, or for a
+/// hold counted per CPU the sentinel record's first slot (`slots::sentinel`). The slot's
+/// depth word says how the release goes: 0 (the last guard of a thread whose slot fences
+/// are compiler fences) inline, a nested guard of such a thread inline, and anything
+/// with `slots::OUT_OF_LINE` (a SeqCst-fence thread's hold, or a counted one) out of
+/// line, so that the inline release tests one word it has to load anyway.
 #[derive(Clone, Copy)]
 pub(super) struct Ticket(*const AtomicUsize);
 
 impl Ticket {
-    /// The low bit: the release leaves the inline path (a counted hold, or a slot hold
-    /// whose fences are SeqCst). Slots are word-aligned, so the bit is free.
-    const SEQCST: usize = 1;
-
-    /// A hold counted in the per-CPU counts.
-    const COUNTED: Self = Self(core::ptr::without_provenance(Self::SEQCST));
-
-    /// A hold in `slot`, released with fences of the kind `light` says.
-    fn at(slot: &AtomicUsize, light: bool) -> Self {
-        let ticket = core::ptr::from_ref(slot);
-        if light { Self(ticket) } else { Self(ticket.map_addr(|a| a | Self::SEQCST)) }
+    /// A hold in `slot`, a slot of this thread's record.
+    fn at(slot: &AtomicUsize) -> Self {
+        Self(core::ptr::from_ref(slot))
     }
 
-    /// The slot of a slot hold (either kind); `None` for a counted one.
-    fn slot(self) -> Option<*const AtomicUsize> {
-        let slot = self.0.map_addr(|a| a & !Self::SEQCST);
-        (!slot.is_null()).then_some(slot)
+    /// A hold counted in the per-CPU counts.
+    fn counted() -> Self {
+        Self::at(slots::sentinel().slot(0))
+    }
+
+    /// True for a counted hold.
+    fn is_counted(self) -> bool {
+        core::ptr::eq(self.0, slots::sentinel().slot(0))
     }
 }
 
@@ -103,21 +101,23 @@ impl RawRmLock {
     /// Read lock, waiting while a writer holds the lock or waits for it. Returns how the
     /// hold is recorded, for [`read_unlock`](Self::read_unlock). The fast path: the
     /// thread's home slot for this lock is free (its first read of it) or holds it
-    /// already (a nested read). A thread whose slot fences are SeqCst (registered in the symmetric mode) always
-    /// takes the slow path: that mode costs a SeqCst fence per step anyway.
+    /// already (a nested read). A thread whose slot fences are SeqCst (registered in the
+    /// symmetric mode), or that has not registered, finds the sentinel's slots, which
+    /// are neither: it takes the slow path (the symmetric mode costs a SeqCst fence per
+    /// step anyway).
     #[inline]
     pub(super) fn read_lock(&self) -> Ticket {
-        if let Some(record) = slots::mine_fast() {
-            let tag = self.tag;
-            let slot = record.slot(slots::home_of(tag));
-            let word = slots::own(slot);
-            if word == 0 && self.try_enter(slot, true) {
-                return Ticket::at(slot, true);
-            }
-            if word == tag {
-                Self::nest(slot);
-                return Ticket::at(slot, true);
-            }
+        let tag = self.tag;
+        let slot = slots::mine_fast().slot(slots::home_of(tag));
+        let word = slots::own(slot);
+        if word == 0 && self.try_enter(slot, true) {
+            return Ticket::at(slot);
+        }
+        if word == tag {
+            // Laid out after the outermost read: a nested one is the rarer case.
+            crate::util::cold_path();
+            Self::nest(slot);
+            return Ticket::at(slot);
         }
         self.read_lock_slow()
     }
@@ -135,19 +135,19 @@ impl RawRmLock {
         match lookup {
             Lookup::Held(slot) => {
                 Self::nest(slot);
-                Ticket::at(slot, light)
+                Ticket::at(slot)
             }
             Lookup::Free(slot) => loop {
                 self.wait_while_write_locked();
                 if self.try_enter(slot, light) {
-                    return Ticket::at(slot, light);
+                    return Ticket::at(slot);
                 }
             },
             Lookup::Full => {
                 if !self.try_arrive() {
                     self.arrive_slow();
                 }
-                Ticket::COUNTED
+                Ticket::counted()
             }
         }
     }
@@ -161,24 +161,34 @@ impl RawRmLock {
         match lookup {
             Lookup::Held(slot) => {
                 Self::nest(slot);
-                Some(Ticket::at(slot, light))
+                Some(Ticket::at(slot))
             }
-            Lookup::Free(slot) => self.try_enter(slot, light).then(|| Ticket::at(slot, light)),
-            Lookup::Full => self.try_arrive().then_some(Ticket::COUNTED),
+            Lookup::Free(slot) => self.try_enter(slot, light).then(|| Ticket::at(slot)),
+            Lookup::Full => self.try_arrive().then(Ticket::counted),
         }
     }
 
-    /// Releases a read lock held as `ticket`.
+    /// Releases a read lock held as `ticket`: one load of the slot's depth decides
+    /// (see [`Ticket`]).
     #[inline]
     pub(super) fn read_unlock(&self, ticket: Ticket) {
-        if ticket.0.addr() & Ticket::SEQCST != 0 {
-            return self.read_unlock_slow(ticket);
-        }
-        // SAFETY: a ticket with a clear low bit is a slot of this thread's record (from
-        // `read_lock` or `try_read_lock` on this thread: guards are not `Send`); records
-        // are never freed.
+        // SAFETY: a ticket is a slot of this thread's record (from `read_lock` or
+        // `try_read_lock` on this thread: guards are not `Send`) or of the sentinel;
+        // records are never freed and the sentinel is a static.
         let slot = unsafe { &*ticket.0 };
-        self.release_slot(slot, true);
+        // SAFETY: a slot of a record, as just said.
+        let depth = unsafe { Record::depth_of(slot) };
+        let nested = slots::own(depth);
+        if nested == 0 {
+            self.leave(slot, true);
+        } else if nested & slots::OUT_OF_LINE == 0 {
+            // Laid out after the last guard's release, as in `read_lock`.
+            crate::util::cold_path();
+            // Relaxed: only this thread reads its depths.
+            depth.store(nested - 1, Ordering::Relaxed);
+        } else {
+            self.read_unlock_slow(ticket);
+        }
     }
 
     /// The release of a counted hold, or of a slot hold with SeqCst fences: out of line,
@@ -187,25 +197,19 @@ impl RawRmLock {
     #[cold]
     #[inline(never)]
     fn read_unlock_slow(&self, ticket: Ticket) {
-        match ticket.slot() {
-            // SAFETY: as in `read_unlock` (the address without its low bit).
-            Some(slot) => self.release_slot(unsafe { &*slot }, false),
-            None => self.depart(),
+        if ticket.is_counted() {
+            return self.depart();
         }
-    }
-
-    /// Releases one hold in `slot` (a slot of this thread's record): one level
-    /// shallower, or R4-R6 for the last one.
-    #[inline]
-    fn release_slot(&self, slot: &AtomicUsize, light: bool) {
-        // SAFETY: a slot of a record (the callers').
+        // SAFETY: as in `read_unlock`.
+        let slot = unsafe { &*ticket.0 };
+        // SAFETY: a slot of this thread's record.
         let depth = unsafe { Record::depth_of(slot) };
-        let nested = slots::own(depth);
+        let nested = slots::own(depth) & !slots::OUT_OF_LINE;
         if nested == 0 {
-            self.leave(slot, light);
+            self.leave(slot, false);
         } else {
             // Relaxed: only this thread reads its depths.
-            depth.store(nested - 1, Ordering::Relaxed);
+            depth.store((nested - 1) | slots::OUT_OF_LINE, Ordering::Relaxed);
         }
     }
 
@@ -216,8 +220,8 @@ impl RawRmLock {
     fn nest(slot: &AtomicUsize) {
         // SAFETY: `slot` is a slot of this thread's record.
         let depth = unsafe { Record::depth_of(slot) };
-        // Relaxed: only this thread reads its depths. (A depth cannot overflow: that
-        // takes 2^64 live guards.)
+        // Relaxed: only this thread reads its depths. (A depth cannot reach
+        // `OUT_OF_LINE` by counting: that takes 2^63 live guards.)
         depth.store(slots::own(depth) + 1, Ordering::Relaxed);
     }
 
@@ -531,15 +535,18 @@ mod tests {
             let lock = RawRmLock::try_new().expect("a page for the counts");
             let outer = lock.read_lock();
             let inner = lock.read_lock();
-            assert!(outer.slot().is_some(), "a fresh thread's read is not in a slot");
-            assert_eq!(outer.slot(), inner.slot());
-            assert_eq!(outer.0.addr() & Ticket::SEQCST != 0, symmetric);
-            assert_eq!(inner.0.addr() & Ticket::SEQCST != 0, symmetric);
+            assert!(!outer.is_counted(), "a fresh thread's read is not in a slot");
+            assert_eq!(outer.0, inner.0);
+            // SAFETY: a slot of this thread's record.
+            let depth = unsafe { Record::depth_of(&*outer.0) };
+            assert_eq!(slots::own(depth) & slots::OUT_OF_LINE != 0, symmetric, "the depth's release mode");
+            assert_eq!(slots::own(depth) & !slots::OUT_OF_LINE, 1, "the nested guard's depth");
             assert_eq!(slots::light_slots(), !symmetric);
             assert!(!lock.try_write_lock(), "a writer got in beside two read holds");
             lock.read_unlock(outer);
             assert!(!lock.try_write_lock(), "a writer got in beside the nested hold");
             lock.read_unlock(inner);
+            assert_eq!(slots::own(depth), if symmetric { slots::OUT_OF_LINE } else { 0 }, "the depth after release");
             assert!(lock.try_write_lock(), "the slot was not freed");
             lock.write_unlock();
         })

@@ -15,8 +15,9 @@
 //! - *enter* (outermost read): store the tag into a free slot (Release), then the
 //!   lock's R2 fence and R3 check (`raw.rs`); a reader that sees the writer flag clears
 //!   the slot again (Release) before it waits.
-//! - *nest* / *unnest*: the slot's depth word one higher or lower (Relaxed: only the
-//!   owner reads it; the slot, which is all a writer looks at, does not change).
+//! - *nest* / *unnest*: the slot's depth word one higher or lower, its
+//!   [`OUT_OF_LINE`] bit kept (Relaxed: only the owner reads it; the slot, which is all a
+//!   writer looks at, does not change).
 //! - *leave* (the last guard, depth 0): store 0 (Release), then R5-R6.
 //!
 //! Every store to a slot is a Release store by its owner (there are only the two
@@ -47,6 +48,15 @@
 //! Why the depth is not in the slot word: the slot then holds the full identity (no
 //! two locks can share a tag) and nesting has no limit short of 2^64 guards. (The
 //! depth packed into the slot's low bits measured the same speed here.)
+//!
+//! The inline read and release test only words they load anyway. A thread that must
+//! not take the inline path (not registered yet, without a record, or registered in
+//! the symmetric mode, whose slot fences are SeqCst) finds the *sentinel* record in its
+//! fast thread-local: its slots hold `usize::MAX`, neither free nor any lock's tag, so
+//! the read goes to its slow path. A release goes out of line when the depth word
+//! carries [`OUT_OF_LINE`]: every depth of a symmetric-mode thread's record does (set
+//! when the thread registers), and so does the sentinel's first slot, which is the
+//! ticket of a hold counted per CPU.
 
 use core::cell::Cell;
 use core::ptr;
@@ -67,6 +77,13 @@ pub(super) const SLOTS: usize = 2;
 const PER_PAGE: usize = 21;
 #[cfg(scalemem_loom)]
 const PER_PAGE: usize = 2;
+
+/// The high bit of a depth word: set in every depth of a record whose thread's slot
+/// fences are SeqCst (it registered in the symmetric mode), and in the sentinel's, so
+/// that a release which finds a depth other than 0 (the last guard) and without this bit
+/// (a nested one) leaves the inline path. No depth reaches it by counting: that takes
+/// 2^63 live guards.
+pub(super) const OUT_OF_LINE: usize = 1 << (usize::BITS - 1);
 
 /// The slot word of a lock with identity `id` (never 0: identities start at 1).
 pub(super) fn tag_of(id: u64) -> usize {
@@ -111,6 +128,39 @@ impl Record {
             slots: core::array::from_fn(|_| AtomicUsize::new(0)),
             depths: core::array::from_fn(|_| AtomicUsize::new(0)),
             claimed: AtomicUsize::new(0),
+        }
+    }
+
+    /// The sentinel: every slot holds `usize::MAX` (neither free nor any lock's tag, so
+    /// the inline read always leaves for its slow path) and every depth [`OUT_OF_LINE`]
+    /// (so a release through it does too). Never in the registry, never written.
+    #[cfg(not(scalemem_loom))]
+    const fn sentinel() -> Self {
+        Self {
+            slots: [const { AtomicUsize::new(usize::MAX) }; SLOTS],
+            depths: [const { AtomicUsize::new(OUT_OF_LINE) }; SLOTS],
+            claimed: AtomicUsize::new(1),
+        }
+    }
+
+    #[cfg(scalemem_loom)]
+    fn sentinel() -> Self {
+        Self {
+            slots: core::array::from_fn(|_| AtomicUsize::new(usize::MAX)),
+            depths: core::array::from_fn(|_| AtomicUsize::new(OUT_OF_LINE)),
+            claimed: AtomicUsize::new(1),
+        }
+    }
+
+    /// Sets every depth to what the owner's release mode says: 0 for a thread whose
+    /// slot fences are compiler fences (`light`), [`OUT_OF_LINE`] otherwise. Called by
+    /// the owner when it registers, every slot free (a record given back keeps the
+    /// depths of its last owner's mode).
+    #[cfg(not(scalemem_loom))]
+    fn set_release_mode(&self, light: bool) {
+        for depth in &self.depths {
+            // Relaxed: only the owner reads its depths.
+            depth.store(if light { 0 } else { OUT_OF_LINE }, Ordering::Relaxed);
         }
     }
 
@@ -278,12 +328,16 @@ mod imp {
     /// Marks a thread with no record (its exit hook ran, or registration failed).
     const NONE: *const Record = ptr::dangling::<Record>();
 
+    /// What [`FAST`] holds for a thread without a fast record.
+    static SENTINEL: Record = Record::sentinel();
+
     crate::sync::thread_local! {
         /// Null: not registered yet; [`NONE`]: no record; else this thread's record.
         static MINE: Cell<*const Record> = const { Cell::new(ptr::null()) };
         /// This thread's record if its slot operations may use compiler fences (the
-        /// fence mode was asymmetric when it registered); null otherwise.
-        static FAST: Cell<*const Record> = const { Cell::new(ptr::null()) };
+        /// fence mode was asymmetric when it registered); [`SENTINEL`] otherwise, so
+        /// that the inline read needs no null test.
+        static FAST: Cell<*const Record> = const { Cell::new(&raw const SENTINEL) };
     }
 
     /// The pthread key whose destructor gives the record back.
@@ -292,7 +346,7 @@ mod imp {
     /// Thread-exit hook.
     unsafe extern "C" fn give_back_at_exit(record: *mut libc::c_void) {
         MINE.with(|mine| mine.set(NONE));
-        FAST.with(|fast| fast.set(ptr::null()));
+        FAST.with(|fast| fast.set(&raw const SENTINEL));
         // SAFETY: the key's value is this thread's record (set in `register`), and
         // records are never freed.
         if let Some(record) = unsafe { record.cast::<Record>().as_ref() }
@@ -316,15 +370,23 @@ mod imp {
     }
 
     /// This thread's record if it is registered and its slot operations may use
-    /// compiler fences (see [`light_slots`]): one thread-local load, no call. `None` for
-    /// a thread that has not read yet, has no record, or registered in symmetric mode;
-    /// the inline fast path leaves those to its slow path, which calls [`mine`].
+    /// compiler fences (see [`light_slots`]), else the [`sentinel`]: one thread-local
+    /// load, no call, no test. A thread that has not read yet, has no record, or
+    /// registered in symmetric mode gets the sentinel, whose slots send the inline fast
+    /// path to its slow path, which calls [`mine`].
     #[inline]
-    pub(in crate::rmlock) fn mine_fast() -> Option<&'static Record> {
-        let p = FAST.with(Cell::get);
-        // SAFETY: non-null only for the record this thread claimed (set in `register`
-        // beside MINE, reset with it by the exit hook); records are never freed.
-        unsafe { p.as_ref() }
+    pub(in crate::rmlock) fn mine_fast() -> &'static Record {
+        // SAFETY: FAST holds either the sentinel (a static) or the record this thread
+        // claimed (set in `register` beside MINE, reset with it by the exit hook), and
+        // records are never freed.
+        unsafe { &*FAST.with(Cell::get) }
+    }
+
+    /// The record no thread owns: its slots never hold a tag or 0 and its depths are
+    /// [`OUT_OF_LINE`]. Counted holds carry its first slot as their ticket.
+    #[inline]
+    pub(in crate::rmlock) fn sentinel() -> &'static Record {
+        &SENTINEL
     }
 
     /// Whether this thread's slot operations use compiler fences for R2 and R5: the
@@ -334,7 +396,7 @@ mod imp {
     /// ([`crate::cpu::fence`]'s module doc).
     #[inline]
     pub(in crate::rmlock) fn light_slots() -> bool {
-        !FAST.with(Cell::get).is_null()
+        FAST.with(Cell::get) != &raw const SENTINEL
     }
 
     #[cold]
@@ -354,6 +416,9 @@ mod imp {
             }
             Some(record)
         })();
+        if let Some(record) = registered {
+            record.set_release_mode(asymmetric);
+        }
         MINE.with(|mine| mine.set(registered.map_or(NONE, ptr::from_ref)));
         if asymmetric && let Some(record) = registered {
             FAST.with(|fast| fast.set(record));
@@ -378,6 +443,7 @@ mod imp {
 
     crate::sync::lazy_static! {
         static ref REGISTRY: Registry = Registry::new();
+        static ref SENTINEL: Record = Record::sentinel();
     }
 
     /// A model thread's claim, given back when the thread ends.
@@ -405,10 +471,17 @@ mod imp {
         MINE.with(|claim| if claim.counts.get() { None } else { claim.record })
     }
 
-    /// Every model thread takes the fast path (its fences are SeqCst under loom
-    /// whichever kind the ticket records).
-    pub(in crate::rmlock) fn mine_fast() -> Option<&'static Record> {
-        mine()
+    /// Every model thread with a record takes the fast path (its fences are SeqCst
+    /// under loom whichever kind the registration chose); one reading with the counts
+    /// gets the sentinel.
+    pub(in crate::rmlock) fn mine_fast() -> &'static Record {
+        mine().unwrap_or_else(sentinel)
+    }
+
+    pub(in crate::rmlock) fn sentinel() -> &'static Record {
+        // Deref of the model's lazy static: valid for the whole execution.
+        let sentinel: &'static Record = &SENTINEL;
+        sentinel
     }
 
     pub(in crate::rmlock) fn light_slots() -> bool {
@@ -435,7 +508,7 @@ mod imp {
 #[cfg(scalemem_loom)]
 pub(super) use imp::force_counts;
 use imp::registry;
-pub(super) use imp::{light_slots, mine, mine_fast, thread_token};
+pub(super) use imp::{light_slots, mine, mine_fast, sentinel, thread_token};
 
 #[cfg(all(test, not(scalemem_loom)))]
 mod tests {
