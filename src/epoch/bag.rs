@@ -3,7 +3,7 @@
 //! # Ownership protocol
 //! A bag is owned by exactly one party at a time, and ownership moves only through a
 //! Release store/CAS that the next owner reads with Acquire:
-//! 1. the record ([`Local`](super::internal::Local)) filling it (its private `bag` or `spare` list);
+//! 1. the record ([`Local`]) filling it (its private `bag` or `spare` list);
 //! 2. the collector's garbage queue, once sealed (pushed onto its inbox with a Release
 //!    CAS, then moved to its FIFO by the collector-lock holder);
 //! 3. the collector thread that popped it from the FIFO and runs it;

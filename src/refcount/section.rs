@@ -27,7 +27,7 @@
 //!
 //! Every real execution is one of the model's: take each section at its last attempt.
 //! Which model threads get an [`Area`] is chosen per model with
-//! [`model::set_sections`](super::model::set_sections) (none, all, or the first two
+//! `model::set_sections` (under `cfg(scalemem_loom)`) (none, all, or the first two
 //! threads), so the atomic fallbacks, the sections, and a mix of both on one CPU are all
 //! checked.
 //!

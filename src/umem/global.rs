@@ -1319,9 +1319,9 @@ pub fn stop_maintenance_thread() -> bool {
     background::stop()
 }
 
-/// The maintenance thread's life: started and stopped under [`Control`]'s lock.
+/// The maintenance thread's life: started and stopped under [`Control`](background::Control)'s lock.
 ///
-/// Stopping it bumps the futex word [`STOP`] that it sleeps on (the thread leaves its
+/// Stopping it bumps the futex word `STOP` that it sleeps on (the thread leaves its
 /// loop when the word no longer holds the generation it started with), then waits
 /// until the kernel no longer knows its thread id. `pthread_join` would not do: glibc
 /// wakes the joiner when the kernel clears the thread's id word, which happens when the
@@ -1330,7 +1330,7 @@ pub fn stop_maintenance_thread() -> bool {
 /// both; a `tgkill(pid, tid, 0)` that fails with `ESRCH` comes only after the thread has
 /// been unlinked from the group, which is after both.
 ///
-/// State is per process: [`PID`] names the process whose thread runs, so a `fork`ed
+/// State is per process: `PID` names the process whose thread runs, so a `fork`ed
 /// child (whose copy of the state names its parent) sees none, and a lock held by a
 /// parent thread at the fork is taken over by the child.
 mod background {

@@ -35,7 +35,7 @@
 //! Invariants: a block is on at most one free stack; a block handed out is 256-byte
 //! aligned and below 2^48 (the depot packs a version tag into the other bits of its
 //! head word, `depot.rs`); a magazine is returned to the pool only through
-//! [`retire`] after an epoch grace period, or directly by a holder that can prove no
+//! [`Magazine::retire`] after an epoch grace period, or directly by a holder that can prove no
 //! other thread can reach it.
 
 use core::ptr::NonNull;

@@ -319,7 +319,7 @@ struct CacheInner {
     colour_max: usize,
     checking: bool,
     max_empty: usize,
-    /// The tag of this cache's slab pages in their regions ([`Regions::page_tag`]).
+    /// The tag of this cache's slab pages in their regions ([`page_tag`](super::region::page_tag)).
     page_tag: u8,
     state: Lock<CacheState>,
 }

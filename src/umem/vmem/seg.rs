@@ -1,6 +1,6 @@
 //! Boundary tags: segment records ([`Seg`], reached through the handle [`S`]), the pool
 //! that hands them out ([`SegPool`]), and the address hash of allocated segments
-//! ([`Hash`]). All of it lives in memory mapped with `os::map`, never in the managed
+//! ([`struct@Hash`]). All of it lives in memory mapped with `os::map`, never in the managed
 //! range (which may be ids, or memory nobody has mapped) and never in the global heap.
 //!
 //! # The unsafe contract of this module
