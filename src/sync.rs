@@ -383,15 +383,18 @@ impl<T> TlsWord for *const T {
 ///
 /// The symbols are named after the crate's version and `NAME`, hidden, so two words of
 /// one name in one crate version fail to link rather than alias.
+#[cfg_attr(scalemem_loom, allow(unused_macros))] // no user is built under loom
 macro_rules! ie_thread_local {
     ($($(#[$attr:meta])* $vis:vis static $name:ident: $ty:ty;)+) => {
         $($crate::sync::ie_thread_local_one!($(#[$attr])* $vis static $name: $ty);)+
     };
 }
+#[cfg_attr(scalemem_loom, allow(unused_imports))] // no user is built under loom
 pub(crate) use ie_thread_local;
 
 /// One word of [`ie_thread_local!`]: its storage ([`ie_word!`]) and its accessors, which
 /// move the value through [`TlsWord`] and [`ie_load!`]/[`ie_store!`].
+#[cfg_attr(scalemem_loom, allow(unused_macros))] // no user is built under loom
 macro_rules! ie_thread_local_one {
     ($(#[$attr:meta])* $vis:vis static $name:ident: $ty:ty) => {
         $crate::sync::ie_word!($name);
@@ -428,6 +431,7 @@ macro_rules! ie_thread_local_one {
         }
     };
 }
+#[cfg_attr(scalemem_loom, allow(unused_imports))] // no user is built under loom
 pub(crate) use ie_thread_local_one;
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom)))]
@@ -495,12 +499,14 @@ mod ie_imp {
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu", not(scalemem_loom))))]
 mod ie_imp {
     /// No storage of its own: the word is `NAME::cell`'s `thread_local!`.
+    #[cfg_attr(scalemem_loom, allow(unused_macros))] // no user is built under loom
     macro_rules! ie_word {
         ($name:ident) => {};
     }
     pub(crate) use ie_word;
 
     /// The calling thread's word `NAME` (a `u64`).
+    #[cfg_attr(scalemem_loom, allow(unused_macros))] // no user is built under loom
     macro_rules! ie_load {
         ($name:ident) => {
             $name::cell(core::cell::Cell::get)
@@ -509,6 +515,7 @@ mod ie_imp {
     pub(crate) use ie_load;
 
     /// Stores `WORD` (a `u64`) into the calling thread's word `NAME`.
+    #[cfg_attr(scalemem_loom, allow(unused_macros))] // no user is built under loom
     macro_rules! ie_store {
         ($name:ident, $word:expr) => {{
             let word: u64 = $word;

@@ -122,15 +122,14 @@ mod imp {
 mod imp {
     use core::ptr::NonNull;
 
-    use super::super::collector::{Collector, LocalHandle};
     use super::super::internal::Local;
 
     crate::sync::lazy_static! {
-        pub(super) static ref COLLECTOR: Collector = Collector::new();
+        pub(super) static ref COLLECTOR: super::super::collector::Collector = super::super::collector::Collector::new();
     }
 
     crate::sync::thread_local! {
-        static HANDLE: LocalHandle = COLLECTOR.register();
+        static HANDLE: super::super::collector::LocalHandle = COLLECTOR.register();
     }
 
     pub(super) fn with_local<R>(f: impl FnOnce(NonNull<Local>) -> R) -> R {

@@ -81,10 +81,9 @@ mod global {
 
 #[cfg(scalemem_loom)]
 mod global {
-    use super::{Domain, Global};
-
     crate::sync::lazy_static! {
-        pub(super) static ref GLOBAL: Domain<Global> = Domain::new(Global { _private: () });
+        pub(super) static ref GLOBAL: super::Domain<super::Global> =
+            super::Domain::new(super::Global { _private: () });
     }
 }
 

@@ -103,7 +103,7 @@ use super::depot::Depot;
 use super::magazine::Magazine;
 use crate::cpu::rseq::mag_layout::{
     BYTE_MASK, CAP_MASK, CAP_SHIFT, LOADED_SHIFT, MAGS, MAX_CAP, PREV_CAP_SHIFT, PREV_ROUNDS_SHIFT, PREV_SHIFT,
-    ROUNDS_MASK, SLOT_STRIDE,
+    ROUNDS_MASK,
 };
 use crate::cpu::{self, PerCpu, fence, rseq};
 use crate::epoch;
@@ -483,7 +483,7 @@ const _: () = assert!(
     core::mem::offset_of!(Slot, stop) == crate::cpu::rseq::mag_layout::STOP
         && core::mem::offset_of!(Slot, state) == crate::cpu::rseq::mag_layout::STATE
         && core::mem::offset_of!(Slot, mags) == MAGS
-        && PerCpu::<Slot>::STRIDE == SLOT_STRIDE
+        && PerCpu::<Slot>::STRIDE == crate::cpu::rseq::mag_layout::SLOT_STRIDE
         && size_of::<AtomicUsize>() == 8
         && size_of::<AtomicPtr<Magazine>>() == 8
 );
