@@ -41,25 +41,17 @@ fn allocates_before_main() {
 
 /// Serialises the tests that allocate tens of MiB, so that they do not hold tens of MiB
 /// at once on a 2-core runner. The tests that measure the heap's mapped bytes run alone
-/// in a child process instead ([`alone`]).
+/// in a child process instead (`common::alone`).
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Runs `test` alone in a child process (this binary with `GLOBAL_ALLOC_CHILD=test`)
-/// unless this is that child: returns true when the caller is the child and should run
-/// its body. For the tests that compare the heap's mapped bytes before and after: in the
-/// shared process, any test allocating meanwhile may take a run in a region the test
-/// filled (first fit among regions with runs, before any empty one) and keep a small
-/// live block there, so the region stays mapped and the measure is not the test's own.
-fn alone(test: &str) -> bool {
-    if std::env::var("GLOBAL_ALLOC_CHILD").as_deref() == Ok(test) {
-        return true;
-    }
-    common::run_child(test, &[("GLOBAL_ALLOC_CHILD", test)]);
-    false
-}
+// The tests that compare the heap's mapped bytes before and after run alone in a child
+// process (`common::alone`): in the shared process, any test allocating meanwhile may take
+// a run in a region the test filled (first fit among regions with runs, before any empty
+// one) and keep a small live block there, so the region stays mapped and the measure is
+// not the test's own.
 
 /// Checks a block's bytes against a fill pattern.
 fn check(p: *const u8, len: usize, fill: u8) {
@@ -397,7 +389,7 @@ fn fork_while_threads_allocate() {
 /// the large blocks to the kernel. Alone in a child process ([`alone`]).
 #[test]
 fn trim_gives_memory_back() {
-    if !alone("trim_gives_memory_back") {
+    if !common::alone("trim_gives_memory_back") {
         return;
     }
     let before = global::stats().mapped;
@@ -475,7 +467,7 @@ fn trim_gives_back_free_pages_of_regions_in_use() {
 /// Alone in a child process ([`alone`]).
 #[test]
 fn maintenance_thread_returns_memory_without_calls() {
-    if !alone("maintenance_thread_returns_memory_without_calls") {
+    if !common::alone("maintenance_thread_returns_memory_without_calls") {
         return;
     }
     global::spawn_maintenance_thread().unwrap();
@@ -523,7 +515,7 @@ thread_local! {
 /// grows with every batch after the window.
 #[test]
 fn thread_churn_keeps_memory_bounded() {
-    if !alone("thread_churn_keeps_memory_bounded") {
+    if !common::alone("thread_churn_keeps_memory_bounded") {
         return;
     }
     const THREADS: usize = if cfg!(debug_assertions) { 2_000 } else { 4_000 };

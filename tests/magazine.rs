@@ -468,8 +468,7 @@ fn conservation_with_resizing() {
 /// checks that no more rounds come back than went in.
 #[test]
 fn no_global_allocation_after_warm_up() {
-    if std::env::var_os("SCALEMEM_TEST_CHILD").is_none() {
-        common::run_child("no_global_allocation_after_warm_up", &[("SCALEMEM_TEST_CHILD", "1")]);
+    if !common::alone("no_global_allocation_after_warm_up") {
         return;
     }
     const ROUNDS: usize = 64;
@@ -513,12 +512,11 @@ fn limit_address_space(bytes: libc::rlim_t) {
 
 /// A refused mmap (no memory for a magazine) is a miss, never a crash, and leaves the
 /// layer consistent. The address-space limit is process-wide, so the case runs in a
-/// child process (this test, re-executed with `MAGAZINE_CHILD=enomem`) in which no
-/// magazine has been made yet.
+/// child process (`common::alone`) in which no magazine has been made yet.
 #[test]
 fn refused_mmap_is_a_miss() {
-    if std::env::var("MAGAZINE_CHILD").as_deref() != Ok("enomem") {
-        return common::run_child("refused_mmap_is_a_miss", &[("MAGAZINE_CHILD", "enomem")]);
+    if !common::alone("refused_mmap_is_a_miss") {
+        return;
     }
     let layers = both_modes(TINY);
     drop(scalemem::epoch::pin()); // registers this thread with the epoch first

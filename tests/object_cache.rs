@@ -658,8 +658,8 @@ fn destroy_while_threads_allocate_and_free() {
 /// epoch back (which is correct, and would make the count below mean nothing).
 #[test]
 fn reap_frees_its_magazines_at_once() {
-    if std::env::var("OBJECT_CACHE_CHILD").as_deref() != Ok("reap") {
-        return common::run_child("reap_frees_its_magazines_at_once", &[("OBJECT_CACHE_CHILD", "reap")]);
+    if !common::alone("reap_frees_its_magazines_at_once") {
+        return;
     }
     let regions = manual(0);
     // Small magazines: many of them, more than a few collects' worth of bags.
@@ -687,8 +687,8 @@ fn reap_frees_its_magazines_at_once() {
 /// the thread-stack cache) is already in it.
 #[test]
 fn stress_rss_returns_after_decay() {
-    if std::env::var("OBJECT_CACHE_CHILD").as_deref() != Ok("rss") {
-        return common::run_child("stress_rss_returns_after_decay", &[("OBJECT_CACHE_CHILD", "rss")]);
+    if !common::alone("stress_rss_returns_after_decay") {
+        return;
     }
     const THREADS: usize = 16;
     const HOLD: usize = 4096;

@@ -51,6 +51,30 @@ pub fn run_child(test: &str, env: &[(&str, &str)]) {
     assert!(String::from_utf8_lossy(&output.stdout).contains("1 passed"), "the child ran no test");
 }
 
+/// Runs test `test` of this binary alone in a child process (see [`run_child`]) and
+/// returns false, or returns true when called in that child: a test that measures
+/// process-wide state (footprint, address space, a resource limit, the epoch) starts
+/// with `if !common::alone("its_name") { return; }`, so that the other tests of the
+/// binary, which the harness runs on other threads, are not in its figures.
+///
+/// In the child glibc's own `malloc` (the harness's, and what glibc allocates for each
+/// thread, such as its thread-local destructor list) keeps to one arena: a thread that
+/// finds the arenas busy makes another and reserves 64 MiB of address space for it, up
+/// to 8 per core, which a measure of the address space would count as the test's. The
+/// setting is appended to any `GLIBC_TUNABLES` the lane sets.
+pub fn alone(test: &str) -> bool {
+    const VAR: &str = "SCALEMEM_CHILD_TEST";
+    if std::env::var(VAR).as_deref() == Ok(test) {
+        return true;
+    }
+    let tunables = match std::env::var("GLIBC_TUNABLES") {
+        Ok(set) if !set.is_empty() => format!("{set}:glibc.malloc.arena_max=1"),
+        _ => "glibc.malloc.arena_max=1".to_string(),
+    };
+    run_child(test, &[(VAR, test), ("GLIBC_TUNABLES", &tunables)]);
+    false
+}
+
 /// The body of a `fork`ed child: runs `body` and ends the process with `_exit` (0 if it
 /// returned true, 1 if false), never returning. A panic must not unwind into the test
 /// harness, whose channels and locks other threads of the parent may have held at the
