@@ -81,7 +81,7 @@ pub const NCLASSES: usize = 93;
 const SMALL: [u32; 5] = [8, 16, 32, 48, 64];
 
 /// Sizes up to this are looked up in [`LOOKUP`]; sizes above are computed.
-const LOOKUP_MAX: usize = 1024;
+pub(crate) const LOOKUP_MAX: usize = 1024;
 
 /// log2 of the number of classes per power of two above 64 bytes.
 const SPLIT_SHIFT: u32 = 3;
