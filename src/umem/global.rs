@@ -414,9 +414,9 @@ fn fast_slots_at(entry: &AtomicPtr<u8>) -> Option<RawSlots> {
 /// the base of `class_of(size, 8)`'s slots (alignment up to 8: Rust layouts), and
 /// `by16[size.div_ceil(16)]` that of `class_of(size, 16)` (`malloc`'s alignment). A hit
 /// of these sizes loads its slots from the size in one load, where the class lookup
-/// and then [`FAST_SLOTS`] are two dependent loads (measured: one more dependent load
-/// before the pop costs the 256-byte batch loop about 12%). Null entries as in
-/// [`FAST_SLOTS`]; each is set once, right after its class's entry there.
+/// and then [`FAST_SLOTS`] are two dependent loads (one load and one instruction fewer
+/// per hit: 3-7% on the 256-byte and 1 KiB batch loops, `BENCHMARKS.md`). Null entries
+/// as in [`FAST_SLOTS`]; each is set once, right after its class's entry there.
 struct SlotsBySize {
     by8: [AtomicPtr<u8>; LOOKUP_MAX / 8 + 1],
     by16: [AtomicPtr<u8>; LOOKUP_MAX / 16 + 1],
@@ -916,8 +916,10 @@ pub fn aligned_alloc(align: usize, size: usize) -> *mut u8 {
 
 /// Every interface's allocation: the fast path is a pop from this CPU's loaded magazine
 /// of the class's cache, with no guard (one rseq section calls nothing, so it is safe
-/// even re-entrantly), reached through [`FAST_SLOTS`]; anything else is [`alloc_slow`]
-/// (or, for a class without published slots, [`alloc_unfast`]).
+/// even re-entrantly), reached through [`SLOTS_BY_SIZE`] for requests of up to
+/// [`LOOKUP_MAX`] bytes aligned to at most [`MIN_ALIGN`], else through the class and
+/// [`FAST_SLOTS`]; anything else is [`alloc_slow`] (or, for a class without published
+/// slots, [`alloc_unfast`]).
 #[inline(always)]
 fn alloc_block(size: usize, align: usize) -> *mut u8 {
     if size <= LOOKUP_MAX
