@@ -1033,20 +1033,34 @@ pub unsafe fn free(ptr: *mut u8) {
             // SAFETY: the caller's contract.
             return unsafe { free_rest(nn) };
         }
-        // A run taken before its class's slots were published, or locked mode: the tag.
-        // SAFETY: as above, for the page's tag (see `page_tag`).
-        let tag = unsafe { region::page_tag(ptr) };
-        // A live object of its page's tag's class, freed once (the caller's contract).
-        if let Some(slots) = fast_slots(tag) {
-            // SAFETY: published slots of a global layer, which lives forever; the
-            // object is one of its cache's (its page's tag).
-            if unsafe { slots.push(nn) } {
-                return;
-            }
-        } else if tag != 0 {
-            // SAFETY: the caller's contract; a size-class object (its page has a tag).
-            return unsafe { free_unfast(nn) };
+        // SAFETY: the caller's contract; in one of the heap's regions.
+        return unsafe { free_by_tag(nn) };
+    }
+    // SAFETY: the caller's contract.
+    unsafe { free_rest(nn) };
+}
+
+/// [`free`] of an object in one of the heap's regions whose page has no tag word: a run
+/// taken before its class's slots were published, or locked mode. Goes by the page's
+/// tag instead; out of line, so that `free`'s hit holds one copy of the push section.
+///
+/// # Safety
+/// As [`free`], and `nn` is in one of the heap's regions (its registry bit is set).
+#[inline(never)]
+unsafe fn free_by_tag(nn: NonNull<u8>) {
+    // SAFETY: in one of the heap's regions, a live block of ours (the caller's contract),
+    // so in a live slab whose page is tagged (see `page_tag`).
+    let tag = unsafe { region::page_tag(nn.as_ptr()) };
+    // A live object of its page's tag's class, freed once (the caller's contract).
+    if let Some(slots) = fast_slots(tag) {
+        // SAFETY: published slots of a global layer, which lives forever; the object is
+        // one of its cache's (its page's tag).
+        if unsafe { slots.push(nn) } {
+            return;
         }
+    } else if tag != 0 {
+        // SAFETY: the caller's contract; a size-class object (its page has a tag).
+        return unsafe { free_unfast(nn) };
     }
     // SAFETY: the caller's contract.
     unsafe { free_rest(nn) };
