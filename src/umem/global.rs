@@ -890,7 +890,11 @@ fn countdown(heap: &'static Heap) {
 /// ```
 #[inline]
 pub fn malloc(size: usize) -> *mut u8 {
-    // A size-class request first, so that its path tests the size once.
+    // The sizes the size-indexed slots cover first, so that their hit tests the size
+    // once; then the other size classes, then the large path.
+    if size <= LOOKUP_MAX {
+        return alloc_block(size, MIN_ALIGN);
+    }
     if size <= MAX_CLASS_SIZE { alloc_block(size, MIN_ALIGN) } else { aligned_alloc(MIN_ALIGN, size) }
 }
 
