@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# valgrind (memcheck) over the examples: each must run to the end with no error
-# reported. What it proves is mostly that the crate runs under valgrind at all (its
+# valgrind (memcheck) over the examples, and over a C program with libscalemem.so
+# preloaded: each must run to the end with no error reported. What it proves is mostly that the crate runs under valgrind at all (its
 # system calls go through libc: rustix's raw backend reads the vDSO image, which valgrind
 # does not map, and crashed); memcheck sees our mmap'd memory as defined, so the
 # sanitizer lanes are what check the allocator's own memory.
@@ -24,6 +24,22 @@ for e in "${examples[@]}"; do
     fi
     echo "valgrind: $e: no errors"
 done
+
+# libscalemem.so under memcheck: memcheck replaces the malloc family by symbol in every
+# object, ours too, but has no `reallocarray`, `pvalloc`, `free_sized`, ... of its own;
+# ours must go through the names it replaces (preload/tests/replaced.c), or a program run
+# as `LD_PRELOAD=libscalemem.so valgrind prog` gets false "Invalid free" reports and
+# leaks (it did before 2026-12-07: `reallocarray` and `pvalloc` used our heap directly).
+cargo build --release -p scalemem-preload
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cc -O2 -Wall -Wextra -Werror -o "$work/replaced" preload/tests/replaced.c -ldl
+if ! LD_PRELOAD=$PWD/target/release/libscalemem.so timeout 300 valgrind -q --leak-check=full --show-leak-kinds=definite \
+    --errors-for-leak-kinds=definite --error-exitcode=99 "$work/replaced"; then
+    echo "valgrind: preload/tests/replaced.c under LD_PRELOAD: FAILED"
+    exit 1
+fi
+echo "valgrind: preload/tests/replaced.c under LD_PRELOAD: no errors"
 if [[ -n ${CI_SUMMARY:-} ]]; then
-    echo "valgrind: ${#examples[@]} examples (${examples[*]}) ran under memcheck with no error" >>"$CI_SUMMARY"
+    echo "valgrind: ${#examples[@]} examples (${examples[*]}) and replaced.c under LD_PRELOAD ran under memcheck with no error" >>"$CI_SUMMARY"
 fi

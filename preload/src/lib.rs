@@ -266,8 +266,12 @@ pub unsafe extern "C" fn reallocarray(ptr: *mut c_void, n: size_t, size: size_t)
         set_errno(libc::ENOMEM);
         return null_mut();
     };
-    // SAFETY: (1) is the caller's, as `realloc_impl` needs.
-    unsafe { realloc_impl(ptr, bytes) }
+    // Through the exported `realloc`, not its body, as glibc's `reallocarray` does: a
+    // tool that replaces the family by symbol (valgrind's memcheck replaces `realloc` and
+    // `free` but has no `reallocarray`) then sees this block too, instead of freeing with
+    // its own `free` a block it never made.
+    // SAFETY: (1) is the caller's, and is `realloc`'s contract.
+    unsafe { realloc(ptr, bytes) }
 }
 
 /// Obsolete `memalign`: `size` bytes aligned to `align`, rounded up to a power of two if
@@ -346,7 +350,10 @@ pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
         set_errno(libc::ENOMEM);
         return null_mut();
     };
-    memalign_impl(page, rounded)
+    // Through the exported `memalign` (as `reallocarray` goes through `realloc`): a tool
+    // that replaces the family by symbol and has no `pvalloc` still sees the block.
+    // SAFETY: `memalign` has no precondition.
+    unsafe { memalign(page, rounded) }
 }
 
 /// glibc `malloc_usable_size`: the bytes usable at `ptr` (at least what was asked for);
@@ -459,7 +466,8 @@ pub unsafe extern "C" fn __libc_realloc(ptr: *mut c_void, size: size_t) -> *mut 
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub unsafe extern "C" fn __libc_memalign(align: size_t, size: size_t) -> *mut c_void {
-    memalign_impl(align, size)
+    // SAFETY: `memalign` has no precondition.
+    unsafe { memalign(align, size) }
 }
 
 /// glibc's `__libc_valloc`: [`valloc`].
