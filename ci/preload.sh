@@ -10,8 +10,9 @@
 # exit status both times: sqlite3 (joins, indexes, a sort on worker threads, VACUUM,
 # integrity check), python3 (every object through malloc, 8 threads; a few stdlib test
 # modules when the test package is there), git (200 commits, merge, gc, fsck, hashes),
-# xz -T4 and zstd -T4 (threaded round trips), and cargo/rustc building a small crate
-# whose threaded binary then runs. Each program is also checked to bind `malloc` to
+# xz -T4 and zstd -T4 (threaded round trips), perl (hashes, strings, regexes), node
+# (worker threads, buffers, zlib), gcc (an -O2 compile, object compared), and cargo/rustc
+# building a small crate whose threaded binary then runs. Each program is also checked to bind `malloc` to
 # libscalemem.so (LD_DEBUG=bindings), so a static or setuid binary cannot pass unnoticed.
 # About 2 minutes on 2 cores.
 set -euo pipefail
@@ -20,9 +21,11 @@ root=$PWD
 
 # ---- tools ---------------------------------------------------------------------------
 missing=()
-for pair in cc:gcc c++:g++ sqlite3:sqlite3 git:git xz:xz-utils zstd:zstd python3:python3; do
+for pair in cc:gcc c++:g++ sqlite3:sqlite3 git:git xz:xz-utils zstd:zstd python3:python3 node:nodejs; do
     command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
+# perl-base has no Digest::SHA; the perl package has.
+perl -MDigest::SHA -e 1 2>/dev/null || missing+=(perl)
 if ((${#missing[@]})); then
     echo "installing: ${missing[*]}"
     sudo=$( ((EUID == 0)) || echo sudo)
@@ -237,6 +240,21 @@ for name in xz zstd; do
     out=$work/preload/$name.out
     [[ $(sed -n 1p "$out") == $(sed -n 3p "$out") ]] || { echo "FAIL $name: round trip changed the data"; exit 1; }
 done
+
+# perl: 300k hash entries of arrays and hashes, strings grown by appending (realloc),
+# split, sorted and joined, regex captures; SHA-256 of everything.
+bound_to_us perl perl -e 1
+compare perl 'perl "$script_dir/alloc.pl"'
+
+# node: 8 worker threads (an isolate each) build maps, JSON, buffers outside V8's heap,
+# zlib round trips; libuv's thread pool gzips 8 MiB; SHA-256 of everything.
+bound_to_us node node -e 1
+compare node 'node "$script_dir/alloc.js"'
+
+# gcc: the allocator benchmark compiled at -O2 (cc1's obstacks and trees); the object
+# file must be byte for byte the same.
+bound_to_us gcc cc --version
+compare gcc 'cc -std=c11 -O2 -c "'"$root"'/bench/alloc/workloads.c" -o w.o && sha256sum <w.o'
 
 # cargo and rustc (multi-threaded codegen) build a small crate; its binary (threads,
 # maps, strings) runs under the same allocator.
