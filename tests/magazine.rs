@@ -266,6 +266,58 @@ fn grows_at_once_when_contended_since_the_last_check() {
     }
 }
 
+/// At the top of the ladder (143 rounds) there is no step left: a stream of depot
+/// exchanges must not "grow" the magazines to the size they have. Before 2026-12-07 it
+/// did: every 10 ms tick of the global heap that saw 64 exchanges drained every magazine
+/// of the class into its slabs and purged their pages, and a producer/consumer pair of
+/// threads (every block freed on another CPU than it was allocated on, so a steady flow
+/// through the depot) faulted once per 150 allocations.
+#[test]
+fn no_growth_past_the_top_of_the_ladder() {
+    let config = Config { initial_rounds: 143, min_rounds: 1, max_rounds: 255, grow_contention: 2, shrink_idle: 2 };
+    for caches in both_modes(config) {
+        pinned(|| {
+            let mut next = 0;
+            let mut sunk = Vec::new();
+            // Bursts of 400: past 2 x 143 rounds, so each one trades magazines.
+            for _ in 0..4 {
+                let mut hand: Vec<NonNull<u8>> = (0..400)
+                    .map(|_| {
+                        caches.alloc().unwrap_or_else(|| {
+                            next += 1;
+                            token(0, next)
+                        })
+                    })
+                    .collect();
+                for p in hand.drain(..) {
+                    if let Err(p) = caches.free(p) {
+                        sunk.push(p.as_ptr().addr());
+                    }
+                }
+            }
+            let before = caches.stats();
+            assert!(before.exchanges >= 4, "bursts of 400 on 143-round magazines made {} exchanges", before.exchanges);
+            // The sink records (a panic there would leave the layer stopped).
+            let mut drained = 0;
+            let grew = caches.grow_if_exchanging(0, 255, |p| {
+                drained += 1;
+                sunk.push(p.as_ptr().addr());
+            });
+            assert!(!grew && drained == 0, "grew past the top of the ladder: {drained} rounds drained");
+            let after = caches.stats();
+            assert_eq!(
+                (after.magazine_size, after.resizes, after.cpu_rounds),
+                (143, before.resizes, before.cpu_rounds)
+            );
+            caches.drain(|p| sunk.push(p.as_ptr().addr()));
+            let n = sunk.len();
+            sunk.sort_unstable();
+            sunk.dedup();
+            assert_eq!(sunk.len(), n, "a round came out twice");
+        });
+    }
+}
+
 /// One thread, no contention: bursts larger than a CPU's two magazines trade magazines
 /// with the depot, and `grow_if_exchanging` grows them a step per call while that goes
 /// on, up to the caller's bound, and not without new exchanges.

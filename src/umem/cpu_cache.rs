@@ -1023,8 +1023,10 @@ impl CpuCaches {
         if !moved_past(&self.tick_exchanges, self.depot.exchanges(), exchanges) {
             return false;
         }
-        let target = ladder_up(self.magazine_size());
-        if target > max_rounds.min(self.config.max_rounds) {
+        let size = self.magazine_size();
+        let target = ladder_up(size);
+        // At the top of the ladder `ladder_up` gives the size itself: no step, no drain.
+        if target <= size || target > max_rounds.min(self.config.max_rounds) {
             return false;
         }
         self.reconfigure(Some(target), &mut sink);
