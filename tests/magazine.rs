@@ -266,6 +266,62 @@ fn grows_at_once_when_contended_since_the_last_check() {
     }
 }
 
+/// A sink that panics (an object cache's destructor, run on each round a drain hands
+/// over) must leave the layer usable: the panic reaches the caller, and afterwards the
+/// fast paths run, a drain completes instead of waiting for ever on the reconfiguration
+/// the panic interrupted, and no round comes out twice. The rounds the interrupted drain
+/// had not yet handed over are leaked, not handed out again. Before 2026-12-07 the panic
+/// left every slot stopped and the reconfiguration flag taken: the next drain (the
+/// layer's own `Drop` included) spun for ever.
+#[test]
+fn a_panicking_sink_leaves_the_layer_usable() {
+    let config = Config { initial_rounds: 7, min_rounds: 1, max_rounds: 143, grow_contention: 2, shrink_idle: 2 };
+    for caches in both_modes(config) {
+        // Leaked while the test runs, so that a failure is reported instead of hanging in
+        // the layer's `Drop` (a drain), and so that a drain on another thread can be
+        // abandoned if it hangs; dropped at the end.
+        let caches: &'static CpuCaches = Box::leak(Box::new(caches));
+        pinned(|| {
+            // 12 rounds in this CPU's two magazines (7 + 5).
+            for i in 0..12 {
+                assert!(caches.free(token(0, i)).is_ok());
+            }
+            let mut handed = Vec::new();
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                caches.drain(|p| {
+                    handed.push(untoken(p).1);
+                    if handed.len() == 3 {
+                        panic!("destructor failed");
+                    }
+                })
+            }));
+            assert!(result.is_err(), "the sink's panic reaches the caller");
+            assert_eq!(handed.len(), 3);
+            caches.assert_valid();
+            // The fast paths work again: a free and the alloc that takes it back.
+            assert!(caches.free(token(0, 100)).is_ok(), "free after the panic");
+            assert_eq!(caches.alloc().map(|p| untoken(p).1), Some(100), "alloc after the panic");
+            // A drain completes (on a thread, so that a hang fails the test instead).
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let mut rest = Vec::new();
+                caches.drain(|p| rest.push(untoken(p).1));
+                tx.send(rest).unwrap();
+            });
+            let rest = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("a drain after the panic hung");
+            let mut all: Vec<usize> = handed.iter().chain(rest.iter()).copied().collect();
+            let n = all.len();
+            all.sort_unstable();
+            all.dedup();
+            assert_eq!(all.len(), n, "a round came out twice: {handed:?} then {rest:?}");
+            assert!(all.iter().all(|&i| i < 12), "a round that was never freed came out");
+            assert!(caches.holds_nothing());
+        });
+        // SAFETY: leaked above and not used since; every thread that used it has ended.
+        drop(unsafe { Box::from_raw(std::ptr::from_ref(caches).cast_mut()) });
+    }
+}
+
 /// At the top of the ladder (143 rounds) there is no step left: a stream of depot
 /// exchanges must not "grow" the magazines to the size they have. Before 2026-12-07 it
 /// did: every 10 ms tick of the global heap that saw 64 exchanges drained every magazine

@@ -129,6 +129,29 @@ fn moved_past(last: &AtomicUsize, now: usize, threshold: usize) -> bool {
     true
 }
 
+/// A reconfiguration in progress ([`CpuCaches::reconfigure`]): dropping it, at the end or
+/// while a panicking sink unwinds, restarts the slots if they are still stopped and
+/// releases the reconfiguration flag, so that a destructor's panic leaves the layer
+/// working (the slots' states were reset before any round reached the sink, see
+/// `Slot::drain_exclusive`) rather than stopped with the flag taken, where every later
+/// drain, the layer's own `Drop` included, would wait for ever.
+struct Reconfiguring<'a> {
+    caches: &'a CpuCaches,
+    /// The slots are stopped (drained or being drained).
+    stopped: bool,
+}
+
+impl Drop for Reconfiguring<'_> {
+    fn drop(&mut self) {
+        if self.stopped {
+            self.caches.unstop_all();
+        }
+        // Release: pairs with the Acquire that takes the flag in `reconfigure`: the next
+        // reconfigurer sees this one's slot and depot changes.
+        self.caches.reconfig.store(false, Ordering::Release);
+    }
+}
+
 /// Stop word values. `FREE`: the fast path may run. `LOCKED`: a locked-mode operation
 /// holds the slot. `STOPPED`: a reconfiguration owns the slot.
 const FREE: usize = 0;
@@ -344,6 +367,11 @@ impl Slot {
     /// and resets the state; requires exclusive access.
     fn drain_exclusive(&self, sink: &mut dyn FnMut(NonNull<u8>), guard: &epoch::Guard) {
         let state = self.snapshot();
+        // The slot lets go of both magazines before any round reaches `sink`: a sink that
+        // panics (an object cache's destructor) then leaks the rounds not yet handed over,
+        // with their magazine, instead of leaving them in a state that would hand them
+        // out again or give them to a later drain a second time.
+        self.set_state(State::INITIAL);
         for (index, rounds, cap) in
             [(state.loaded(), state.rounds(), state.cap()), (state.prev(), state.prev_rounds(), state.prev_cap())]
         {
@@ -361,7 +389,6 @@ impl Slot {
             // flight on a stopped slot; retired once.
             unsafe { Magazine::retire(mag, guard) };
         }
-        self.set_state(State::INITIAL);
     }
 }
 
@@ -1085,12 +1112,16 @@ impl CpuCaches {
     /// purges the depot.
     fn reconfigure(&self, resize: Option<usize>, sink: &mut dyn FnMut(NonNull<u8>)) {
         let backoff = Backoff::new();
-        // Acquire: pairs with the Release below; reconfigurations are serialised.
+        // Acquire: pairs with the Release in `Reconfiguring::drop`; reconfigurations are
+        // serialised.
         while self.reconfig.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
             backoff.snooze();
         }
+        // Lets go of the slots and of the flag however this ends: `sink` may panic.
+        let mut held = Reconfiguring { caches: self, stopped: false };
         let guard = epoch::pin();
         if self.stop_all() {
+            held.stopped = true;
             for slot in self.slots.iter() {
                 slot.drain_exclusive(sink, &guard);
             }
@@ -1100,12 +1131,12 @@ impl CpuCaches {
                 // Relaxed: a statistic.
                 self.resizes.fetch_add(1, Ordering::Relaxed);
             }
+            held.stopped = false;
             self.unstop_all();
         }
         drop(guard);
         self.depot.purge(sink);
-        // Release: pairs with the Acquire above.
-        self.reconfig.store(false, Ordering::Release);
+        drop(held);
     }
 
     /// Stops every slot. False (and nothing stopped) where the kernel refuses the rseq
