@@ -77,6 +77,13 @@
 //! operation. In locked mode the reconfigurer takes each slot's lock (spinning; holders
 //! are short).
 //!
+//! The rounds a drain takes go to a caller's sink, which may run user code (an object
+//! cache's destructor) and panic. A slot therefore lets go of its magazines (writes the
+//! initial state) before it hands their first round over, and the slots are restarted
+//! and the mutex released on every way out of a reconfiguration, unwinding included: a
+//! panicking sink leaks the rounds it did not get (never hands them out twice) and
+//! leaves the layer working.
+//!
 //! # Sizing
 //!
 //! Each [`update`](CpuCaches::update) ends an interval: the depot's working set moves on
@@ -95,7 +102,9 @@
 //! exchanges with the depot instead, contended or not, up to a bound the caller gives
 //! (the global heap: about 1 MiB of objects per magazine): one thread whose bursts
 //! exceed its CPU's two magazines never contends, but trades magazines with the depot
-//! all the time (tcmalloc and jemalloc size their caches on such misses too).
+//! all the time (tcmalloc and jemalloc size their caches on such misses too). Neither
+//! resizes a layer already at the ladder's top (or its bound): a resize to the same size
+//! would still drain every CPU.
 
 use core::ptr::{NonNull, null_mut};
 
