@@ -155,6 +155,42 @@ fn a_free_over_the_threshold_gives_the_excess_back_at_once() {
     assert_eq!(g.regions.stats().returned_bytes, 0);
 }
 
+/// A destructor that panics inside a trim (the free that triggered it gets the panic)
+/// must not stop the cache's later trims: before 2026-12-07 the trim's busy bit stayed
+/// set, and every later free past the threshold thought another thread was trimming.
+#[test]
+fn a_destructor_that_panics_in_a_trim_does_not_stop_later_trims() {
+    const N: usize = 1024; // 4 MiB
+    let regions = manual();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = Arc::clone(&calls);
+    let dtor: Dtor = Box::new(move |_| {
+        if c.fetch_add(1, Relaxed) == 0 {
+            panic!("destructor failed");
+        }
+    });
+    let cache =
+        ObjectCache::new_in(regions, "trim-panics", SIZE, 8, None, Some(dtor), config(Some(THRESHOLD), 4)).unwrap();
+    let held: Vec<_> = (0..N).map(|_| cache.alloc().unwrap()).collect();
+    let mut panics = 0;
+    for p in held {
+        // SAFETY: from this cache, freed once.
+        let freed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { cache.free(p) }));
+        match freed {
+            Ok(result) => result.unwrap(),
+            Err(_) => panics += 1,
+        }
+    }
+    assert_eq!(panics, 1, "the destructor panics once, in the first trim");
+    let s = cache.stats();
+    let magazine = s.magazine_size * SIZE;
+    let depot = s.depot_full * magazine;
+    assert!(s.trims >= 1, "no trim after the panicking one: {s:?}");
+    assert!(depot <= THRESHOLD + magazine, "the depot kept {depot} bytes: {s:?}");
+    cache.assert_valid();
+    regions.assert_valid();
+}
+
 #[test]
 fn a_premature_trim_raises_the_threshold_which_decays_back() {
     const N: usize = 256; // 1 MiB per cycle, 16x the threshold

@@ -403,6 +403,20 @@ struct Trim {
     trims: AtomicUsize,
 }
 
+/// The busy bit of a trim in progress ([`Inner::trim_now`]), cleared if the trim unwinds
+/// (a destructor panicked in a round): without it every later free past the threshold
+/// would take the bit for another thread's trim and return, and the cache would never
+/// trim again. Requests pending then are dropped with it; the next free past the
+/// threshold makes a new one. The normal exit clears the bit itself and forgets this.
+struct TrimHeld<'a>(&'a Trim);
+
+impl Drop for TrimHeld<'_> {
+    fn drop(&mut self) {
+        // Release: as the normal exit's, pairs with the next trimmer's Acquire.
+        self.0.state.store(0, Ordering::Release);
+    }
+}
+
 impl Trim {
     fn new(floor: usize) -> Self {
         let floor = floor.min(TRIM_MAX);
@@ -1088,6 +1102,8 @@ impl Inner {
         if trim.state.fetch_or(TRIM_BUSY | TRIM_AGAIN, Ordering::AcqRel) & TRIM_BUSY != 0 {
             return; // the trimmer runs another round for us
         }
+        // A destructor run by a round may panic: the busy bit must not outlive it.
+        let held = TrimHeld(trim);
         loop {
             // Acquire: pairs with the requests' Release (their pushes).
             trim.state.fetch_and(!TRIM_AGAIN, Ordering::Acquire);
@@ -1095,6 +1111,7 @@ impl Inner {
             // Release: pairs with the next trimmer's Acquire (the hint fields). On
             // failure a request came in during the round: another round.
             if trim.state.compare_exchange(TRIM_BUSY, 0, Ordering::Release, Ordering::Relaxed).is_ok() {
+                core::mem::forget(held);
                 return;
             }
         }
