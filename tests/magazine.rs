@@ -50,6 +50,32 @@ fn pinned<R>(f: impl FnOnce() -> R) -> R {
     result
 }
 
+/// Fails if any item occurs twice (a round handed out or drained twice).
+fn assert_no_duplicates(items: &[usize], what: &str) {
+    let mut sorted = items.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), items.len(), "a round came out twice: {what}");
+}
+
+/// `n` allocations (a fresh token, counted in `next`, where the layer has none), then
+/// `n` frees; what the layer refuses goes to `sunk`.
+fn burst(caches: &CpuCaches, n: usize, next: &mut usize, sunk: &mut Vec<usize>) {
+    let hand: Vec<NonNull<u8>> = (0..n)
+        .map(|_| {
+            caches.alloc().unwrap_or_else(|| {
+                *next += 1;
+                token(0, *next)
+            })
+        })
+        .collect();
+    for p in hand {
+        if let Err(p) = caches.free(p) {
+            sunk.push(p.as_ptr().addr());
+        }
+    }
+}
+
 fn both_modes(config: Config) -> [CpuCaches; 2] {
     let default = CpuCaches::new(config).unwrap();
     assert_eq!(default.uses_rseq(), rseq_expected(), "mode chosen at run time");
@@ -232,10 +258,7 @@ fn grows_under_contention_and_shrinks_when_idle() {
         assert!(shrunk < grown, "idle magazines did not shrink the size ({shrunk} vs {grown})");
         assert_eq!(caches.stats().resizes, 2);
         caches.drain(|p| sunk.push(p.as_ptr().addr()));
-        sunk.sort_unstable();
-        let n = sunk.len();
-        sunk.dedup();
-        assert_eq!(sunk.len(), n, "a round came out twice");
+        assert_no_duplicates(&sunk, "drained");
     }
 }
 
@@ -259,10 +282,7 @@ fn grows_at_once_when_contended_since_the_last_check() {
         assert_eq!((caches.magazine_size(), caches.stats().resizes, caches.stats().cpu_rounds), (3, 1, 0));
         assert!(!caches.grow_if_contended(0, |_| unreachable!()), "grew again without new contention");
         caches.drain(|p| sunk.push(p.as_ptr().addr()));
-        let n = sunk.len();
-        sunk.sort_unstable();
-        sunk.dedup();
-        assert_eq!(sunk.len(), n, "a round came out twice");
+        assert_no_duplicates(&sunk, "drained");
     }
 }
 
@@ -309,11 +329,8 @@ fn a_panicking_sink_leaves_the_layer_usable() {
                 tx.send(rest).unwrap();
             });
             let rest = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("a drain after the panic hung");
-            let mut all: Vec<usize> = handed.iter().chain(rest.iter()).copied().collect();
-            let n = all.len();
-            all.sort_unstable();
-            all.dedup();
-            assert_eq!(all.len(), n, "a round came out twice: {handed:?} then {rest:?}");
+            let all: Vec<usize> = handed.iter().chain(rest.iter()).copied().collect();
+            assert_no_duplicates(&all, &format!("{handed:?} then {rest:?}"));
             assert!(all.iter().all(|&i| i < 12), "a round that was never freed came out");
             assert!(caches.holds_nothing());
         });
@@ -337,19 +354,7 @@ fn no_growth_past_the_top_of_the_ladder() {
             let mut sunk = Vec::new();
             // Bursts of 400: past 2 x 143 rounds, so each one trades magazines.
             for _ in 0..4 {
-                let mut hand: Vec<NonNull<u8>> = (0..400)
-                    .map(|_| {
-                        caches.alloc().unwrap_or_else(|| {
-                            next += 1;
-                            token(0, next)
-                        })
-                    })
-                    .collect();
-                for p in hand.drain(..) {
-                    if let Err(p) = caches.free(p) {
-                        sunk.push(p.as_ptr().addr());
-                    }
-                }
+                burst(&caches, 400, &mut next, &mut sunk);
             }
             let before = caches.stats();
             assert!(before.exchanges >= 4, "bursts of 400 on 143-round magazines made {} exchanges", before.exchanges);
@@ -366,10 +371,7 @@ fn no_growth_past_the_top_of_the_ladder() {
                 (143, before.resizes, before.cpu_rounds)
             );
             caches.drain(|p| sunk.push(p.as_ptr().addr()));
-            let n = sunk.len();
-            sunk.sort_unstable();
-            sunk.dedup();
-            assert_eq!(sunk.len(), n, "a round came out twice");
+            assert_no_duplicates(&sunk, "drained");
         });
     }
 }
@@ -385,43 +387,25 @@ fn grows_at_once_when_exchanging_since_the_last_check() {
             let mut sunk = Vec::new();
             let mut next = 0;
             // 20 allocations then 20 frees: past 2 x 3 rounds, so each burst exchanges.
-            let mut burst = |caches: &CpuCaches, sunk: &mut Vec<usize>| {
-                let mut hand: Vec<NonNull<u8>> = (0..20)
-                    .map(|_| {
-                        caches.alloc().unwrap_or_else(|| {
-                            next += 1;
-                            token(0, next)
-                        })
-                    })
-                    .collect();
-                for p in hand.drain(..) {
-                    if let Err(p) = caches.free(p) {
-                        sunk.push(p.as_ptr().addr());
-                    }
-                }
-            };
             assert!(!caches.grow_if_exchanging(0, 143, |_| unreachable!()), "grew without an exchange");
             for _ in 0..4 {
-                burst(&caches, &mut sunk);
+                burst(&caches, 20, &mut next, &mut sunk);
             }
             let exchanged = caches.stats().exchanges;
             assert!(exchanged >= 4, "bursts of 20 on 3-round magazines made {exchanged} exchanges");
             // More exchanges than the threshold, but the next step (7) past the bound: no.
             assert!(!caches.grow_if_exchanging(0, 6, |_| unreachable!()), "grew past the bound");
-            burst(&caches, &mut sunk);
+            burst(&caches, 20, &mut next, &mut sunk);
             assert!(caches.grow_if_exchanging(0, 143, |p| sunk.push(p.as_ptr().addr())));
             // One ladder step, applied at once (a drain), and no contention needed.
             let stats = caches.stats();
             assert_eq!((stats.magazine_size, stats.resizes, stats.cpu_rounds, stats.contention), (7, 1, 0, 0));
             assert!(!caches.grow_if_exchanging(0, 143, |_| unreachable!()), "grew again without new exchanges");
             // A threshold above what happened since: no growth.
-            burst(&caches, &mut sunk);
+            burst(&caches, 20, &mut next, &mut sunk);
             assert!(!caches.grow_if_exchanging(1_000, 143, |_| unreachable!()), "grew below the threshold");
             caches.drain(|p| sunk.push(p.as_ptr().addr()));
-            let n = sunk.len();
-            sunk.sort_unstable();
-            sunk.dedup();
-            assert_eq!(sunk.len(), n, "a round came out twice");
+            assert_no_duplicates(&sunk, "drained");
         });
     }
 }
