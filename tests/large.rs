@@ -100,6 +100,117 @@ fn reuse_makes_no_new_maps() {
     assert_eq!(s2.reused, 19 * sizes.len() + 100);
 }
 
+/// A request that no cached block fits within the waste bound takes the front of the
+/// smallest larger dirty block, whose rest stays cached and serves the next request: no
+/// new map, no fault on pages already resident.
+#[test]
+fn a_larger_dirty_block_is_cut_and_its_rest_reused() {
+    let heap = LargeHeap::new(patient()).unwrap();
+    let big = heap.alloc(4 << 20, PAGE).unwrap();
+    fill(big, 4 << 20, 7);
+    heap.free(big).unwrap();
+    let maps = heap.stats().maps;
+    let a = heap.alloc(1 << 20, PAGE).unwrap();
+    assert_eq!(addr(a), addr(big), "the front of the cached block");
+    let s = heap.stats();
+    assert_eq!((s.cuts, s.dirty, s.in_use), (1, 3 << 20, 1 << 20));
+    heap.assert_valid();
+    let before = minor_faults();
+    let b = heap.alloc(3 << 20, PAGE).unwrap();
+    assert_eq!(addr(b), addr(big) + (1 << 20), "the rest, whole");
+    fill(b, 3 << 20, 8);
+    // (Fresh pages would be 768 faults; the test's own stack and the heap's tables may
+    // take one or two.)
+    let faults = minor_faults() - before;
+    assert!(faults <= 4, "{faults} faults: the rest's pages were not the resident ones");
+    let s = heap.stats();
+    assert_eq!((s.maps, s.dirty, s.reused, s.cuts), (maps, 0, 2, 1));
+    check(a, 1 << 20, 7);
+    heap.assert_valid();
+    heap.free(a).unwrap();
+    heap.free(b).unwrap();
+    heap.assert_valid();
+}
+
+/// Freed neighbours that are each too small for a request are merged when it finds no
+/// cached block, and serve it; a program cycling through a few sizes meanwhile keeps
+/// finding each its own block (no cut, no merge, no map).
+#[test]
+fn freed_neighbours_merge_for_a_larger_request() {
+    let heap = LargeHeap::new(patient()).unwrap();
+    // Four adjacent 512 KiB blocks at the front of one span.
+    let blocks: Vec<_> = (0..4).map(|_| heap.alloc(512 << 10, PAGE).unwrap()).collect();
+    for (i, w) in blocks.windows(2).enumerate() {
+        assert_eq!(addr(w[1]), addr(w[0]) + (512 << 10), "block {i} and the next are adjacent");
+    }
+    for (i, &p) in blocks.iter().enumerate() {
+        fill(p, 512 << 10, i as u8);
+    }
+    // Same sizes again: each its own block.
+    for &p in &blocks {
+        heap.free(p).unwrap();
+    }
+    let again: Vec<_> = (0..4).map(|_| heap.alloc(512 << 10, PAGE).unwrap()).collect();
+    let s = heap.stats();
+    assert_eq!((s.reused, s.cuts, s.merges), (4, 0, 0), "{s:?}");
+    for p in again {
+        heap.free(p).unwrap();
+    }
+    let maps = heap.stats().maps;
+    let before = minor_faults();
+    let big = heap.alloc(2 << 20, PAGE).unwrap();
+    assert_eq!(addr(big), addr(blocks[0]), "the four, merged");
+    fill(big, 2 << 20, 9);
+    // (Fresh pages would be 512 faults; the merge's piece records may take a new page
+    // or two of the heap's own table.)
+    let faults = minor_faults() - before;
+    assert!(faults <= 4, "{faults} faults: the merged pages were not the resident ones");
+    let s = heap.stats();
+    assert_eq!((s.maps, s.merges, s.dirty, s.in_use), (maps, 3, 0, 2 << 20));
+    heap.assert_valid();
+    heap.free(big).unwrap();
+    heap.purge();
+    assert_eq!(heap.stats().mapped, 0, "the merged block's pieces all went back");
+    heap.assert_valid();
+}
+
+/// Random sizes from 256 KiB to 4 MiB, four live at a time: the heap's live and cached
+/// bytes stay within a small multiple of what is live, where a cache
+/// that reused only blocks within a quarter of the request grew to about six times it
+/// (measured: 102 MB of peak RSS for at most 16 MiB live, peers 31-36 MB).
+#[test]
+fn mixed_sizes_keep_the_footprint_near_what_is_live() {
+    let heap = LargeHeap::new(patient()).unwrap();
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut live: [Option<NonNull<u8>>; 4] = [None; 4];
+    let mut peak_live = 0;
+    for _ in 0..4000 {
+        let k = rng.below(4);
+        if let Some(p) = live[k].take() {
+            heap.free(p).unwrap();
+        }
+        let size = (256 << 10) + rng.below((4 << 20) - (256 << 10));
+        let p = heap.alloc(size, 8).unwrap();
+        fill(p, PAGE, 1);
+        live[k] = Some(p);
+        peak_live = peak_live.max(heap.stats().in_use);
+    }
+    let s = heap.stats();
+    heap.assert_valid();
+    assert!(s.cuts > 0 && s.merges > 0, "{s:?}");
+    // (This policy: 2.6x here; reusing only blocks within a quarter of the request:
+    // 5.8x.)
+    assert!(
+        s.in_use + s.dirty <= 4 * peak_live,
+        "cached {} MiB beside at most {} MiB live: {s:?}",
+        s.dirty >> 20,
+        peak_live >> 20
+    );
+    for p in live.into_iter().flatten() {
+        heap.free(p).unwrap();
+    }
+}
+
 /// Minor page faults taken by this thread so far.
 fn minor_faults() -> i64 {
     // SAFETY: `getrusage` writes one `rusage` into the zeroed value we pass.
@@ -277,8 +388,15 @@ fn grow_and_shrink_in_place_keep_contents() {
     assert!(heap.grow_in_place(a, 768 << 10, 1 << 20));
     check(a, 768 << 10, 2);
     assert_eq!(heap.usable_size(a), Some(1 << 20));
-    assert_eq!(heap.stats().dirty, 0, "the cached neighbour was absorbed");
+    // Only what the grow needs of the cached neighbour: its back 256 KiB stay cached.
+    let s = heap.stats();
+    assert_eq!((s.dirty, s.cuts), (256 << 10, 1), "the grow took the front of the cached neighbour");
+    assert_eq!(s.in_use, (1 << 20) + (256 << 10));
+    heap.assert_valid();
+    assert!(heap.grow_in_place(a, 1 << 20, (1 << 20) + (256 << 10)));
+    assert_eq!(heap.stats().dirty, 0, "the rest of the neighbour was absorbed");
     assert_eq!(heap.stats().in_use, (768 << 10) + (512 << 10) + (256 << 10));
+    check(a, 768 << 10, 2);
     heap.assert_valid();
 
     heap.free(c).unwrap();

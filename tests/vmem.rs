@@ -68,6 +68,35 @@ fn alloc_free_coalesces_back_to_one_segment() {
 }
 
 #[test]
+fn a_split_segment_frees_in_parts_and_coalesces_back() {
+    let arena = Vmem::new("split", 0x1000, 0x1000, 0x10, None, 0).unwrap();
+    let a = arena.xalloc(0x100, &Constraints::default()).unwrap();
+    // Bad splits change nothing.
+    for (addr, size, head) in [(a, 0x100, 0), (a, 0x100, 0x100), (a, 0x100, 0x108), (a, 0x100, 0x200)] {
+        assert_eq!(arena.split(addr, size, head), Err(VmemError::BadConstraints), "split at {head:#x}");
+    }
+    assert_eq!(arena.split(a + 0x10, 0xf0, 0x10), Err(VmemError::NotAllocated));
+    assert_eq!(arena.split(a, 0x80, 0x10), Err(VmemError::WrongSize));
+    assert_eq!(arena.stats().allocated_segments, 1);
+    // Three parts: [a, a+0x40), [a+0x40, a+0x50), [a+0x50, a+0x100).
+    arena.split(a, 0x100, 0x40).unwrap();
+    arena.split(a + 0x40, 0xc0, 0x10).unwrap();
+    let s = arena.stats();
+    assert_eq!((s.in_use, s.allocated_segments), (0x100, 3), "a split moves no unit");
+    assert_eq!(arena.free(a, 0x100), Err(VmemError::WrongSize), "the old whole is gone");
+    arena.assert_valid();
+    // Each part frees on its own; the middle one last merges all three with the rest.
+    arena.free(a + 0x50, 0xb0).unwrap();
+    arena.free(a, 0x40).unwrap();
+    assert_eq!(arena.stats().in_use, 0x10);
+    arena.assert_valid();
+    arena.free(a + 0x40, 0x10).unwrap();
+    let s = arena.stats();
+    assert_eq!((s.in_use, s.free, s.segments, s.allocated_segments), (0, 0x1000, 2, 0));
+    arena.assert_valid();
+}
+
+#[test]
 fn sizes_round_up_to_the_quantum() {
     let arena = Vmem::new("round", 0, 0x1000, 8, None, 0).unwrap();
     let a = arena.alloc(13, IF).unwrap();

@@ -48,8 +48,16 @@
 //!
 //! - **in use**: in the live table.
 //! - **dirty**: freed, in the cache, pages still committed. An allocation reuses a
-//!   cached block before it asks the arena (dirty ones first: no page faults), if the
-//!   block is aligned enough and wastes at most a fifth of itself (see [`LargeHeap::alloc`]).
+//!   cached block before it asks the arena (dirty ones first: no page faults): a dirty
+//!   block that wastes at most a fifth of itself whole; else the front of the smallest
+//!   larger dirty block, **cut** to size (the cut falls on a piece boundary or splits
+//!   that piece's arena segment, [`Vmem::split`]), whose rest stays cached; else a
+//!   madvised block within the same waste bound. A request that finds none first
+//!   **merges** every run of adjacent dirty cached blocks into one block and looks
+//!   again. (Merging at every free instead would join the blocks of a program that
+//!   cycles through a few sizes; its next round would cut them up in another order,
+//!   miss, and map anew. Without cuts and merges, random sizes grew the cache to about
+//!   six times what was live.)
 //! - **madvised**: in the cache after `madvise(MADV_DONTNEED)`: the pages are back with
 //!   the kernel, the address range is kept, a reuse faults in fresh zero pages.
 //! - **released**: freed to the arena, which coalesces it with its free neighbours; an
@@ -234,6 +242,11 @@ pub struct LargeStats {
     pub unmaps: usize,
     /// Allocations served from the cache, cumulative.
     pub reused: usize,
+    /// Of `reused`, those served by the front of a larger dirty block whose rest stayed
+    /// cached, cumulative.
+    pub cuts: usize,
+    /// Freed blocks merged with a dirty cached neighbour (one per neighbour), cumulative.
+    pub merges: usize,
     /// Blocks madvised by decay, cumulative.
     pub purged: usize,
     /// Blocks released to the arena (by decay, eviction or a failed allocation), cumulative.
@@ -356,6 +369,8 @@ struct Inner {
     dirty: usize,
     madvised: usize,
     reused: usize,
+    cuts: usize,
+    merges: usize,
     purged: usize,
     released: usize,
     /// The chunk size (a copy of the chunks' own, for [`give_back`]).
@@ -466,25 +481,132 @@ impl Inner {
         c
     }
 
-    /// The best cached block for `n` bytes aligned to `align`: aligned, at least `n`,
-    /// wasting at most a fifth of itself (`reserved - n <= n / 4`); dirty before
-    /// madvised, then the smallest.
-    fn best_cached(&self, n: usize, align: usize) -> Option<usize> {
-        let mut best: Option<(usize, bool, usize)> = None; // (index, madvised, reserved)
+    /// The best cached block for `n` bytes aligned to `align`, and whether to cut `n`
+    /// bytes off its front rather than hand it out whole (only aligned blocks of at least
+    /// `n` bytes count). First the smallest dirty one wasting at most a fifth of itself
+    /// (`reserved - n <= n / 4`), whole: a program that cycles through a few sizes finds
+    /// each its own block again. Then the smallest larger dirty one, cut: its pages are
+    /// resident already, where the arena's would be faulted in beside it, and its rest
+    /// stays cached for other requests. Then the smallest madvised one within the waste
+    /// bound, whole (a madvised block is no better than the arena's free space, and a cut
+    /// only splinters it).
+    fn best_cached(&self, n: usize, align: usize) -> Option<(usize, bool)> {
+        // The best of each kind so far: (index, reserved).
+        let (mut fit, mut cut, mut madvised) = (None::<(usize, usize)>, None::<(usize, usize)>, None::<(usize, usize)>);
+        let smaller = |best: Option<(usize, usize)>, r: usize| best.is_none_or(|(_, b)| r < b);
         for (i, c) in self.cache().iter().enumerate() {
             // `align` is a power of two (checked): a mask, not a division.
-            if c.base & (align - 1) != 0 || c.reserved < n || c.reserved - n > n / 4 {
+            if c.base & (align - 1) != 0 || c.reserved < n {
                 continue;
             }
-            let better = match best {
-                None => true,
-                Some((_, m, r)) => (c.madvised, c.reserved) < (m, r),
+            let tight = c.reserved - n <= n / 4;
+            let slot = match (c.madvised, tight) {
+                (false, true) => &mut fit,
+                (false, false) => &mut cut,
+                (true, true) => &mut madvised,
+                (true, false) => continue,
             };
-            if better {
-                best = Some((i, c.madvised, c.reserved));
+            if smaller(*slot, c.reserved) {
+                *slot = Some((i, c.reserved));
             }
         }
-        best.map(|(i, _, _)| i)
+        fit.map(|(i, _)| (i, false)).or(cut.map(|(i, _)| (i, true))).or(madvised.map(|(i, _)| (i, false)))
+    }
+
+    /// Cuts the cached block `c` (taken out of the cache by the caller) at `n` bytes
+    /// (a page multiple, `0 < n < c.reserved`): returns the head piece of the front
+    /// block of `n` bytes, and the back block, which keeps `c`'s state and age. The
+    /// pieces wholly in front stay the front's, those behind the back's; a cut inside a
+    /// piece splits its arena segment in two. `None`, with nothing changed, if the arena
+    /// has no record for that split.
+    fn cut(&mut self, vmem: &Vmem<'_>, c: &Cached, n: usize) -> Option<(usize, Cached)> {
+        let end = c.base + n;
+        // The piece holding the front's last page: [at, at + size).
+        let (mut at, mut size) = (c.base, c.head);
+        while at + size < end {
+            at += size;
+            size = self.pieces.get(at)?;
+        }
+        let back_head = if at + size == end {
+            // On a piece boundary: the next piece's record becomes the back's head.
+            self.pieces.remove(end)?
+        } else {
+            vmem.split(at, size, end - at).ok()?;
+            if at != c.base
+                && let Some(piece) = self.pieces.get_mut(at)
+            {
+                *piece = end - at;
+            }
+            at + size - end
+        };
+        let front_head = if at == c.base { size.min(n) } else { c.head };
+        Some((front_head, Cached { base: end, reserved: c.reserved - n, head: back_head, ..*c }))
+    }
+
+    /// Merges every run of adjacent dirty cached blocks into one block (the later
+    /// blocks' heads become pieces of the first; the merged block takes the newest age),
+    /// so that freed neighbours can serve a request larger than each of them. Run when a
+    /// request found no cached block: merging at every free would join the blocks of a
+    /// program that cycles through a few sizes, and its next round would cut them up
+    /// differently, miss and map anew. Sorts the cache by address (in place: the cache's
+    /// order means nothing). A run stops where a piece record cannot be had.
+    fn merge_neighbours(&mut self) {
+        self.cache_mut().sort_unstable_by_key(|c| c.base);
+        let mut kept = 0;
+        for r in 0..self.ncached {
+            let cur = self.cache()[r];
+            if kept > 0 {
+                let prev = self.cache()[kept - 1];
+                if !prev.madvised
+                    && !cur.madvised
+                    && prev.base + prev.reserved == cur.base
+                    && self.pieces.reserve(1).is_ok()
+                {
+                    self.pieces.insert(cur.base, cur.head);
+                    let merged = &mut self.cache_mut()[kept - 1];
+                    merged.reserved += cur.reserved;
+                    merged.since = merged.since.max(cur.since);
+                    merged.seq = merged.seq.max(cur.seq);
+                    self.merges += 1;
+                    continue;
+                }
+            }
+            self.cache_mut()[kept] = cur;
+            kept += 1;
+        }
+        // The byte counts stay: merged blocks are dirty, as their parts were.
+        self.ncached = kept;
+    }
+
+    /// Takes a cached block for `n` bytes aligned to `align` ([`best_cached`](Self::best_cached)), cutting
+    /// it if that is the best: returns the new live block's base, reserved bytes, head
+    /// piece and whether it reads as zero. `None` if no cached block serves (or the cut
+    /// found no arena record: the block stays cached).
+    fn take_for(&mut self, vmem: &Vmem<'_>, n: usize, align: usize) -> Option<(usize, Live, bool)> {
+        let (i, cut) = match self.best_cached(n, align) {
+            Some(found) => found,
+            None if self.ncached > 1 => {
+                self.merge_neighbours();
+                self.best_cached(n, align)?
+            }
+            None => return None,
+        };
+        let c = self.take_cached(i);
+        let live = if cut {
+            let Some((head, back)) = self.cut(vmem, &c, n) else {
+                self.push_cached(c);
+                return None;
+            };
+            self.push_cached(back);
+            self.cuts += 1;
+            Live { reserved: n, usable: n, head }
+        } else {
+            Live { reserved: c.reserved, usable: n, head: c.head }
+        };
+        self.reused += 1;
+        // A madvised block reads as zero pages (MADV_DONTNEED on private anonymous
+        // memory); a dirty one holds its last user's bytes.
+        Some((c.base, live, c.madvised))
     }
 
     /// Frees a block's pieces to the arena (madvising them first unless `clean`, so that
@@ -644,6 +766,8 @@ impl LargeHeap {
                 dirty: 0,
                 madvised: 0,
                 reused: 0,
+                cuts: 0,
+                merges: 0,
                 purged: 0,
                 released: 0,
                 chunk: config.chunk,
@@ -758,14 +882,10 @@ impl LargeHeap {
                 inner.decay(vmem, now, self.decay, self.release);
             }
             inner.live.reserve(1)?;
-            if let Some(i) = inner.best_cached(n, align) {
-                let c = inner.take_cached(i);
-                inner.live.insert(c.base, Live { reserved: c.reserved, usable: n, head: c.head });
-                inner.in_use += c.reserved;
-                inner.reused += 1;
-                // A madvised block reads as zero pages (MADV_DONTNEED on private
-                // anonymous memory); a dirty one holds its last user's bytes.
-                return ptr_of(c.base).map(|p| (p, n, c.madvised)).ok_or(LargeError::OutOfMemory);
+            if let Some((base, live, clean)) = inner.take_for(vmem, n, align) {
+                inner.live.insert(base, live);
+                inner.in_use += live.reserved;
+                return ptr_of(base).map(|p| (p, n, clean)).ok_or(LargeError::OutOfMemory);
             }
             let constraints = Constraints { align, ..Constraints::default() };
             let addr = match vmem.xalloc(n, &constraints) {
@@ -806,22 +926,16 @@ impl LargeHeap {
         self.inner.with(|inner| {
             let live = inner.live.remove(base).ok_or(LargeError::NotAllocated)?;
             inner.in_use -= live.reserved;
+            let seq = inner.next_seq;
+            inner.next_seq += 1;
+            let block = Cached { base, reserved: live.reserved, head: live.head, since: now, seq, madvised: false };
             if inner.ncached == CACHE_SLOTS {
                 // The oldest free (by order: the coarse clock's stamps can tie).
                 let oldest = (0..inner.ncached).min_by_key(|&i| inner.cache()[i].seq).unwrap_or(0);
                 let c = inner.take_cached(oldest);
                 inner.release_block(vmem, c.base, c.reserved, c.head, c.madvised);
             }
-            let seq = inner.next_seq;
-            inner.next_seq += 1;
-            inner.push_cached(Cached {
-                base,
-                reserved: live.reserved,
-                head: live.head,
-                since: now,
-                seq,
-                madvised: false,
-            });
+            inner.push_cached(block);
             inner.deadline = inner.deadline.min(now.saturating_add(self.decay.min(self.release)));
             if now >= inner.deadline {
                 inner.decay(vmem, now, self.decay, self.release);
@@ -873,7 +987,17 @@ impl LargeHeap {
             let end = base + reserved;
             let absorbed = match inner.cache().iter().position(|c| c.base == end) {
                 Some(i) => {
-                    let c = inner.take_cached(i);
+                    let mut c = inner.take_cached(i);
+                    // Only what the grow needs, if the block is larger (merged freed
+                    // neighbours can be): its rest stays cached for other requests.
+                    let need = n - reserved;
+                    if c.reserved > need
+                        && let Some((head, back)) = inner.cut(vmem, &c, need)
+                    {
+                        inner.push_cached(back);
+                        inner.cuts += 1;
+                        c = Cached { reserved: need, head, ..c };
+                    }
                     // Its later pieces are already in the table; its head becomes a piece.
                     inner.pieces.insert(c.base, c.head);
                     reserved += c.reserved;
@@ -1083,6 +1207,8 @@ impl LargeHeap {
                 maps: chunks.maps.load(Ordering::Relaxed),
                 unmaps: chunks.unmaps.load(Ordering::Relaxed),
                 reused: inner.reused,
+                cuts: inner.cuts,
+                merges: inner.merges,
                 purged: inner.purged,
                 released: inner.released,
             }
@@ -1140,6 +1266,10 @@ impl LargeHeap {
             assert!(dirty == inner.dirty && madvised == inner.madvised, "large: cache byte counts wrong");
             let vs = vmem.stats();
             assert!(vs.in_use == in_use + dirty + madvised, "large: arena allocated bytes != blocks' bytes");
+            assert!(
+                vs.allocated_segments == inner.live.len + inner.ncached + inner.pieces.len,
+                "large: the arena's allocated segments are not the blocks' pieces"
+            );
             vmem.assert_valid();
         });
     }

@@ -476,6 +476,27 @@ impl Arena {
         Ok(())
     }
 
+    /// Splits the allocated segment `[addr, addr + size)` into two allocated segments,
+    /// `[addr, addr + head)` and `[addr + head, addr + size)` (`0 < head < size`, checked
+    /// by the caller, as the quantum multiples). Needs one record, taken before anything
+    /// changes, so a failure leaves the arena as it was. The units stay allocated: the
+    /// counts do not move.
+    pub(super) fn split(&mut self, addr: usize, size: usize, head: usize) -> Result<(), VmemError> {
+        debug_assert!(head > 0 && head < size);
+        let seg = self.hash.find(addr).ok_or(VmemError::NotAllocated)?;
+        if seg.size() != size {
+            return Err(VmemError::WrongSize);
+        }
+        self.pool.populate()?;
+        let back = self.pool.get(Kind::Alloc, addr + head, size - head).ok_or(VmemError::NoRecords)?;
+        // The front keeps its record and its hash entry (keyed by its unchanged base).
+        seg.set_size(head);
+        Self::link_after(seg, back);
+        self.hash.insert(back);
+        self.hash.maybe_grow();
+        Ok(())
+    }
+
     /// Whether `[addr, addr + size)` is an allocated segment (a cheap hash lookup).
     pub(super) fn is_allocated(&self, addr: usize, size: usize) -> Result<(), VmemError> {
         match self.hash.find(addr) {

@@ -122,6 +122,8 @@
 //! | size, range or alignment arithmetic overflows | [`VmemError::Overflow`] |
 //! | free of an address that is not allocated | [`VmemError::NotAllocated`] |
 //! | free with a size other than the allocated one | [`VmemError::WrongSize`] |
+//! | `split` of a segment that is not allocated, or with another size | [`VmemError::NotAllocated`], [`VmemError::WrongSize`] |
+//! | `split` at 0, at or past the size, or off the quantum | [`VmemError::BadConstraints`] |
 //! | `add` of a span overlapping another | [`VmemError::Overlap`] |
 //! | `add` of a span whose base or size is not a multiple of the quantum | [`VmemError::BadConstraints`] |
 //! | impossible constraints (alignment not a power of two, phase not below it, bad `nocross`, `min_addr > max_addr`) | [`VmemError::BadConstraints`] |
@@ -624,6 +626,37 @@ impl<'s> Vmem<'s> {
             return Err(VmemError::NotAllocated);
         }
         self.arena.with(|arena| arena.free(addr, size, self.source, true))
+    }
+
+    /// Splits the allocated segment `[addr, addr + size)` (size rounded up to the
+    /// quantum, as for [`free`](Self::free)) into two allocated segments at
+    /// `addr + head`, each then freed on its own: what lets a caller keep a range and
+    /// hand out its front (the large heap serves a smaller request from the front of a
+    /// cached block, keeping the rest cached). `head` must be a multiple of the quantum
+    /// strictly between 0 and the size ([`VmemError::BadConstraints`] otherwise); the
+    /// segment must be one the caller holds from [`alloc`](Self::alloc),
+    /// [`xalloc`](Self::xalloc) or an earlier split ([`VmemError::NotAllocated`],
+    /// [`VmemError::WrongSize`]); [`VmemError::NoRecords`] if a record cannot be had. On
+    /// error nothing changed.
+    ///
+    /// ```
+    /// use scalemem::umem::vmem::{Constraints, Vmem};
+    ///
+    /// let arena = Vmem::new("split", 0x1000, 0x10000, 0x1000, None, 0)?;
+    /// let a = arena.xalloc(0x4000, &Constraints::default())?;
+    /// arena.split(a, 0x4000, 0x1000)?;
+    /// arena.free(a + 0x1000, 0x3000)?; // the back, on its own
+    /// assert_eq!(arena.stats().in_use, 0x1000);
+    /// arena.free(a, 0x1000)?;
+    /// arena.assert_valid();
+    /// # Ok::<(), scalemem::umem::vmem::VmemError>(())
+    /// ```
+    pub fn split(&self, addr: usize, size: usize, head: usize) -> Result<(), VmemError> {
+        let size = self.round(size)?;
+        if head == 0 || head >= size || !head.is_multiple_of(self.quantum) {
+            return Err(VmemError::BadConstraints);
+        }
+        self.arena.with(|arena| arena.split(addr, size, head))
     }
 
     /// Returns every range held in the quantum caches to the arena (which coalesces them
