@@ -5,7 +5,7 @@
 #
 # Usage: bench/alloc/run.sh [--quick] [--only WORKLOAD] [--reps N] [--allocators a,b,...]
 #   --quick        tiny parameters, 1 repetition (CI smoke: well under a minute)
-#   --only W       one workload: batch, prodcons, footprint, vsize, large, churn, startup
+#   --only W       one workload: batch, prodcons, footprint, vsize, large, largemix, churn, startup
 #   --reps N       repetitions per cell (default 3; quick 1)
 #   --allocators   comma list from glibc,jemalloc,mimalloc,tcmalloc,scalemem (default all)
 #   --reclaim-secs footprint's wait before the reclaim reading (default 15; quick 1)
@@ -71,7 +71,7 @@ else
 	churn_n=2000
 fi
 case "$reps" in '' | *[!0-9]* | 0) echo "run.sh: --reps needs a positive integer" >&2; exit 2 ;; esac
-workloads="batch prodcons footprint vsize large churn startup"
+workloads="batch prodcons footprint vsize large largemix churn startup"
 if [ -n "$only" ]; then
 	case " $workloads " in *" $only "*) workloads=$only ;; *) echo "run.sh: no workload '$only'" >&2; exit 2 ;; esac
 fi
@@ -90,6 +90,10 @@ cells() {
 		echo "--block-kib 65536 --live 1 --secs $secs"
 		echo "--block-kib 65536 --live 4 --secs $secs"
 		;;
+	largemix)
+		echo "--live 4 --block-kib 4096"
+		echo "--live 16 --block-kib 4096"
+		;;
 	churn) echo "--nthreads $churn_n --threads 16 --per-thread 300 --stack-kib 64" ;;
 	startup) echo "--secs $secs" ;;
 	esac
@@ -101,6 +105,7 @@ metrics+=";prodcons:frees_per_s,faults_per_alloc"
 metrics+=";footprint:peak_rss_kib,rss_all_live_kib,rss_after_free_kib,rss_after_reclaim_wait_kib,rss_after_exit_kib,rss_start_kib"
 metrics+=";vsize:vmsize_per_thread_minus_stack_kib,vmsize_per_thread_kib,rss_per_thread_kib"
 metrics+=";large:requests_per_s,faults_per_request"
+metrics+=";largemix:peak_rss_kib,faults_per_request,requests_per_s"
 metrics+=";churn:rss_start_kib,rss_after_first_wave_kib,rss_end_kib,rss_growth_after_first_wave_kib,vmsize_growth_after_first_wave_kib,threads_per_s"
 metrics+=";startup:processes_per_s,child_max_rss_kib"
 

@@ -6,7 +6,7 @@
  *   LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 ./workloads batch --size 4096 --threads 4
  *
  * Workloads (first argument): whoami, parcheck, batch, prodcons, footprint, vsize, large,
- * churn, startup (and noop, the process startup spawns). Each prints one line of space-separated key=value pairs starting with
+ * largemix, churn, startup (and noop, the process startup spawns). Each prints one line of space-separated key=value pairs starting with
  * "workload=NAME"; configuration keys come first, then the measured values. Rates end in
  * "_per_s"; memory figures are in KiB ("_kib") unless the key says otherwise.
  *
@@ -17,8 +17,9 @@
  *   --secs D         timed duration of batch/prodcons/large/parcheck/startup (1.0) [0.05]
  *   --total-mib M    footprint total (256) [16]
  *   --reclaim-secs R footprint wait before the "reclaim" reading (15) [1]
- *   --block-kib K    large block size (2048)
- *   --live L         large: blocks live at once, a ring (1)
+ *   --block-kib K    large block size; largemix: the largest size (2048)
+ *   --live L         large: blocks live at once, a ring; largemix: slots (1)
+ *   --requests N     largemix: requests in all (20000) [2000]
  *   --nthreads N     churn: threads in all (2000) [64]
  *   --per-thread N   churn: blocks each thread allocates (300)
  *   --stack-kib K    vsize/churn/footprint thread stack size (64)
@@ -57,6 +58,7 @@ static struct {
 	int live;
 	int nthreads;
 	int per_thread;
+	int requests;
 	size_t stack_kib;
 	int quick;
 } opt = {
@@ -70,6 +72,7 @@ static struct {
 	.live = 1,
 	.nthreads = 0,
 	.per_thread = 300,
+	.requests = 0,
 	.stack_kib = 64,
 	.quick = 0,
 };
@@ -656,6 +659,52 @@ static int run_large(void)
 	return 0;
 }
 
+/* ---------------------------------------------------------------- largemix */
+
+/*
+ * Large blocks of mixed sizes: L slots, each request frees a random slot's block and
+ * puts in its place a block of a random size from 256 KiB to --block-kib, every page
+ * written (run.sh: 4 and 16 slots, up to 4 MiB). What it measures is how well freed large memory
+ * is reused for other sizes: the peak RSS against what is live (at most L blocks), and
+ * the minor faults per request (a reused resident block takes none; fresh memory takes
+ * one per page).
+ */
+static int run_largemix(void)
+{
+	int L = opt.live;
+	size_t lo = 256 << 10, hi = opt.block_kib << 10;
+	if (L < 1 || hi <= lo)
+		die("largemix: --live must be >= 1 and --block-kib above 256");
+	unsigned char **slot = calloc((size_t)L, sizeof(void *));
+	if (!slot)
+		die("calloc");
+	uint64_t rng = 0x9E3779B97F4A7C15ull;
+	long f0 = minflt();
+	double t0 = now();
+	for (int r = 0; r < opt.requests; r++) {
+		uint64_t x = xorshift(&rng);
+		int k = (int)(x % (uint64_t)L);
+		free(slot[k]);
+		size_t n = lo + (size_t)((x >> 20) % (hi - lo));
+		unsigned char *p = xmalloc(n);
+		for (size_t o = 0; o < n; o += PAGE)
+			((volatile unsigned char *)p)[o] = 1;
+		slot[k] = p;
+	}
+	double el = now() - t0;
+	long f1 = minflt();
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	for (int i = 0; i < L; i++)
+		free(slot[i]);
+	free(slot);
+	printf("workload=largemix live=%d max_kib=%zu requests=%d secs=%.3f requests_per_s=%.4g "
+	       "faults_per_request=%.3f peak_rss_kib=%ld\n",
+	       L, opt.block_kib, opt.requests, el, opt.requests / el, (double)(f1 - f0) / opt.requests,
+	       ru.ru_maxrss);
+	return 0;
+}
+
 /* ---------------------------------------------------------------- churn */
 
 static void *churn_thread(void *arg)
@@ -773,7 +822,7 @@ static int run_noop(void)
 static void usage(void)
 {
 	fprintf(stderr,
-		"usage: workloads {whoami|parcheck|batch|prodcons|footprint|vsize|large|churn|startup|noop} [options]\n"
+		"usage: workloads {whoami|parcheck|batch|prodcons|footprint|vsize|large|largemix|churn|startup|noop} [options]\n"
 		"  see the comment at the top of workloads.c for the options\n");
 	exit(2);
 }
@@ -813,6 +862,8 @@ int main(int argc, char **argv)
 			opt.live = atoi(need(argc, argv, &i));
 		else if (!strcmp(a, "--nthreads"))
 			opt.nthreads = atoi(need(argc, argv, &i));
+		else if (!strcmp(a, "--requests"))
+			opt.requests = atoi(need(argc, argv, &i));
 		else if (!strcmp(a, "--per-thread"))
 			opt.per_thread = atoi(need(argc, argv, &i));
 		else if (!strcmp(a, "--stack-kib"))
@@ -830,8 +881,10 @@ int main(int argc, char **argv)
 		opt.reclaim_secs = opt.quick ? 1 : 15;
 	if (opt.nthreads == 0)
 		opt.nthreads = opt.quick ? 64 : 2000;
+	if (opt.requests == 0)
+		opt.requests = opt.quick ? 2000 : 20000;
 	if (opt.size == 0 || opt.batch < 1 || opt.per_thread < 1 || opt.threads < 0 ||
-	    opt.block_kib == 0 || opt.stack_kib < 16 || opt.nthreads < 1)
+	    opt.block_kib == 0 || opt.stack_kib < 16 || opt.nthreads < 1 || opt.requests < 1)
 		die("bad option value");
 
 	if (!strcmp(w, "whoami"))
@@ -848,6 +901,8 @@ int main(int argc, char **argv)
 		return run_vsize();
 	if (!strcmp(w, "large"))
 		return run_large();
+	if (!strcmp(w, "largemix"))
+		return run_largemix();
 	if (!strcmp(w, "churn"))
 		return run_churn();
 	if (!strcmp(w, "startup"))
