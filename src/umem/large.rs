@@ -371,6 +371,10 @@ struct Inner {
     reused: usize,
     cuts: usize,
     merges: usize,
+    /// A block was freed since the last [`merge_neighbours`](Self::merge_neighbours)
+    /// (nothing else can make two cached blocks adjacent: a cut leaves its two parts one
+    /// live, one cached).
+    freed_since_merge: bool,
     purged: usize,
     released: usize,
     /// The chunk size (a copy of the chunks' own, for [`give_back`]).
@@ -576,6 +580,7 @@ impl Inner {
         }
         // The byte counts stay: merged blocks are dirty, as their parts were.
         self.ncached = kept;
+        self.freed_since_merge = false;
     }
 
     /// Takes a cached block for `n` bytes aligned to `align` ([`best_cached`](Self::best_cached)), cutting
@@ -585,7 +590,8 @@ impl Inner {
     fn take_for(&mut self, vmem: &Vmem<'_>, n: usize, align: usize) -> Option<(usize, Live, bool)> {
         let (i, cut) = match self.best_cached(n, align) {
             Some(found) => found,
-            None if self.ncached > 1 => {
+            // Nothing to merge unless a block was freed since the last merge.
+            None if self.ncached > 1 && self.freed_since_merge => {
                 self.merge_neighbours();
                 self.best_cached(n, align)?
             }
@@ -768,6 +774,7 @@ impl LargeHeap {
                 reused: 0,
                 cuts: 0,
                 merges: 0,
+                freed_since_merge: false,
                 purged: 0,
                 released: 0,
                 chunk: config.chunk,
@@ -936,6 +943,7 @@ impl LargeHeap {
                 inner.release_block(vmem, c.base, c.reserved, c.head, c.madvised);
             }
             inner.push_cached(block);
+            inner.freed_since_merge = true;
             inner.deadline = inner.deadline.min(now.saturating_add(self.decay.min(self.release)));
             if now >= inner.deadline {
                 inner.decay(vmem, now, self.decay, self.release);
