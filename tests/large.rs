@@ -566,8 +566,10 @@ fn random_model() {
         }
         let s = heap.stats();
         eprintln!("seed {seed}: {grown} grown, {not_grown} not, {s:?}");
-        // Every path ran: reuse, grow and its refusal, decay's madvise and release, unmaps.
+        // Every path ran: reuse (whole, cut, after a merge), grow and its refusal, decay's
+        // madvise and release, unmaps.
         assert!(grown > 0 && not_grown > 0 && s.reused > 0 && s.purged > 0 && s.released > 0 && s.unmaps > 0);
+        assert!(s.cuts > 0 && s.merges > 0, "seed {seed}: {s:?}");
         heap.decay_at(u64::MAX);
         let s = heap.stats();
         assert_eq!((s.live, s.in_use, s.dirty, s.madvised, s.mapped), (0, 0, 0, 0, 0), "seed {seed}");

@@ -567,6 +567,17 @@ fn model_run(seed: u64, ops: usize, with_source: bool) {
                 live.remove(&a);
                 if rng.below(2) == 0 { arena.free(a, size) } else { arena.xfree(a, size) }.unwrap();
             }
+            _ if rng.below(2) == 0 && live.values().any(|&n| n >= 2 * Q) => {
+                // A split of a live segment at a random quantum inside it: both parts are
+                // then live on their own (freed separately later, coalescing back).
+                let big: Vec<_> = live.iter().filter(|&(_, &n)| n >= 2 * Q).map(|(&a, &n)| (a, n)).collect();
+                let (a, size) = big[rng.below(big.len())];
+                let head = Q * (1 + rng.below(size / Q - 1));
+                arena.split(a, size, head).unwrap();
+                live.insert(a, head);
+                live.insert(a + head, size - head);
+                assert_eq!(arena.free(a, size), Err(VmemError::WrongSize), "op {op}: the whole is gone");
+            }
             _ => {
                 // A bad free: an address that is not allocated, or the wrong size.
                 let a = 0x1000 + Q * rng.below(0x400);
