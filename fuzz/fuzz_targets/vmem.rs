@@ -149,6 +149,9 @@ enum Op {
     ChildAlloc { size: VSize, align: u8, best: bool },
     /// Frees a held range of the child.
     ChildFree { slot: u8, x: bool },
+    /// Splits a held range of the parent at `at` quanta (any value: 0, the size and
+    /// beyond must be refused), or at `at` units off the quantum when `off` is set.
+    Split { slot: u8, at: u16, off: bool },
 }
 
 /// The model of one arena: the ranges the caller holds, `base -> (rounded size, size asked)`.
@@ -460,6 +463,25 @@ fuzz_target!(|input: Input| {
                     // The parent could not give it a span (or the span arithmetic overflows).
                     Err(VmemError::Exhausted | VmemError::Overflow) => {}
                     Err(e) => panic!("child alloc({size:#x}, align {align:#x}): {e:?}"),
+                }
+            }
+            Op::Split { slot, at, off } => {
+                let Some((b, r, asked)) = m.held.nth(slot) else { continue };
+                let head = if off { usize::from(at) } else { usize::from(at) << q_shift };
+                let before = parent.stats();
+                let result = parent.split(b, asked, head);
+                if head == 0 || head >= r || head % q != 0 {
+                    assert_eq!(result, Err(VmemError::BadConstraints), "split({b:#x}, {asked:#x}, {head:#x})");
+                    let after = parent.stats();
+                    assert_eq!(
+                        (before.in_use, before.allocated_segments),
+                        (after.in_use, after.allocated_segments),
+                        "a refused split"
+                    );
+                } else {
+                    assert_eq!(result, Ok(()), "split({b:#x}, {asked:#x}, {head:#x})");
+                    m.held.0.insert(b, (head, head));
+                    m.held.0.insert(b + head, (r - head, r - head));
                 }
             }
             Op::ChildFree { slot, x } => {
