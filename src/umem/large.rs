@@ -26,8 +26,9 @@
 //!   and aligned to it. `release` unmaps. It counts maps, unmaps and mapped bytes.
 //! - **The arena**: a [`Vmem`] with the page as its quantum, importing from the chunks.
 //!   Each block is one or more allocated vmem segments ("pieces", more than one only after
-//!   [`LargeHeap::grow_in_place`] took the free segment, or absorbed the cached block,
-//!   right after a block). Alignment comes
+//!   [`LargeHeap::grow_in_place`] took the free segment, or absorbed (the front of) the
+//!   cached block, right after a block, or after cached neighbours were merged; a cut
+//!   inside a piece splits its segment, so pieces never straddle two blocks). Alignment comes
 //!   from `xalloc`'s `align`; the arena imports a span with `align - page` bytes of slack
 //!   for a stricter alignment (address space only: untouched pages cost no memory).
 //! - **The block tables**: vmem's hash knows each segment's size but does not expose it,
