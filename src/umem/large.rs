@@ -557,26 +557,29 @@ impl Inner {
     /// order means nothing). A run stops where a piece record cannot be had.
     fn merge_neighbours(&mut self) {
         self.cache_mut().sort_unstable_by_key(|c| c.base);
-        let mut kept = 0;
+        let mut kept = 0usize;
         for r in 0..self.ncached {
-            let cur = self.cache()[r];
-            if kept > 0 {
-                let prev = self.cache()[kept - 1];
-                if !prev.madvised
-                    && !cur.madvised
-                    && prev.base + prev.reserved == cur.base
-                    && self.pieces.reserve(1).is_ok()
-                {
-                    self.pieces.insert(cur.base, cur.head);
-                    let merged = &mut self.cache_mut()[kept - 1];
+            // `get`, not indexing: `kept <= r < ncached`, and no path of the allocator
+            // may hold a formatting panic.
+            let Some(&cur) = self.cache().get(r) else { break };
+            if let Some(&prev) = kept.checked_sub(1).and_then(|k| self.cache().get(k))
+                && !prev.madvised
+                && !cur.madvised
+                && prev.base + prev.reserved == cur.base
+                && self.pieces.reserve(1).is_ok()
+            {
+                self.pieces.insert(cur.base, cur.head);
+                if let Some(merged) = self.cache_mut().get_mut(kept - 1) {
                     merged.reserved += cur.reserved;
                     merged.since = merged.since.max(cur.since);
                     merged.seq = merged.seq.max(cur.seq);
-                    self.merges += 1;
-                    continue;
                 }
+                self.merges += 1;
+                continue;
             }
-            self.cache_mut()[kept] = cur;
+            if let Some(slot) = self.cache_mut().get_mut(kept) {
+                *slot = cur;
+            }
             kept += 1;
         }
         // The byte counts stay: merged blocks are dirty, as their parts were.
