@@ -270,7 +270,8 @@ pub(crate) fn thp_always() -> bool {
     ) {
         len = rustix::io::read(&fd, &mut buf).unwrap_or(0);
     }
-    let always = buf[..len].windows(8).any(|w| w == b"[always]");
+    // `get`, not indexing: no allocator path may hold a formatting panic.
+    let always = buf.get(..len).unwrap_or(&[]).windows(8).any(|w| w == b"[always]");
     MODE.store(if always { 1 } else { 2 }, Ordering::Relaxed);
     always
 }

@@ -237,7 +237,8 @@ fn read_possible_mask() -> Option<usize> {
     let fd = open("/sys/devices/system/cpu/possible", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()?;
     let mut buf = [0u8; 256];
     let n = rustix::io::read(&fd, &mut buf).ok()?;
-    parse_cpu_list(&buf[..n])
+    // `get`, not indexing: no allocator path may hold a formatting panic.
+    parse_cpu_list(buf.get(..n)?)
 }
 
 /// Highest CPU number in a kernel CPU list ("0-3,8,10-11\n"), plus one.

@@ -327,8 +327,9 @@ impl Slot {
     }
 
     fn mag(&self, index: usize) -> Option<NonNull<Magazine>> {
-        // Relaxed: exclusive access (see above).
-        NonNull::new(self.mags[index].load(Ordering::Relaxed))
+        // Relaxed: exclusive access (see above). `get`, not indexing (a state's indexes
+        // are below 3): no allocator path may hold a formatting panic.
+        NonNull::new(self.mags.get(index)?.load(Ordering::Relaxed))
     }
 
     /// Pops a round; requires exclusive access.
@@ -365,9 +366,13 @@ impl Slot {
         if self.snapshot() != expected {
             return None;
         }
+        // (`get`: as in `mag`; a state's indexes are below 3.)
+        let (Some(spare), Some(prev)) = (self.mags.get(expected.spare()), self.mags.get(expected.prev())) else {
+            return None;
+        };
         // Relaxed: under the lock (see above).
-        self.mags[expected.spare()].store(item, Ordering::Relaxed);
-        let evicted = self.mags[expected.prev()].load(Ordering::Relaxed);
+        spare.store(item, Ordering::Relaxed);
+        let evicted = prev.load(Ordering::Relaxed);
         self.set_state(new);
         Some(evicted)
     }

@@ -351,8 +351,10 @@ static FAST: [AtomicPtr<CpuCaches>; NCLASSES] = [const { AtomicPtr::new(ptr::nul
 /// Class `class`'s per-CPU layer if its cache is made.
 #[inline]
 fn fast(class: ClassIndex) -> Option<&'static CpuCaches> {
-    // Acquire: pairs with the Release store in `make_cache`: the layer is initialised.
-    let cpu = FAST[class.get()].load(Ordering::Acquire);
+    // `get`, not indexing (class < NCLASSES always): no allocator path may hold a
+    // formatting panic. Acquire: pairs with the Release store in `make_cache`: the layer
+    // is initialised.
+    let cpu = FAST.get(class.get())?.load(Ordering::Acquire);
     // SAFETY: null, or the layer of a leaked global cache, never destroyed (see FAST).
     unsafe { cpu.as_ref() }
 }
@@ -651,8 +653,8 @@ impl Heap {
     /// Class `i`'s cache, making it on first use; `None` if the kernel refuses.
     #[inline]
     fn cache(&'static self, class: ClassIndex) -> Option<&'static ObjectCache> {
-        // Acquire: pairs with the Release store in `make_cache`.
-        let c = self.caches[class.get()].load(Ordering::Acquire);
+        // Acquire: pairs with the Release store in `make_cache`. (`get`: as in `fast`.)
+        let c = self.caches.get(class.get())?.load(Ordering::Acquire);
         if !c.is_null() {
             // SAFETY: a leaked box, published once made, never freed.
             return Some(unsafe { &*c });
@@ -663,9 +665,13 @@ impl Heap {
     #[cold]
     #[inline(never)]
     fn make_cache(&'static self, class: ClassIndex) -> Option<&'static ObjectCache> {
+        // (`get`: as in `fast`.)
+        let (Some(slot), Some(fast_slot)) = (self.caches.get(class.get()), FAST.get(class.get())) else {
+            return None;
+        };
         self.create.lock();
         // Acquire: as in `cache`.
-        let mut c = self.caches[class.get()].load(Ordering::Acquire);
+        let mut c = slot.load(Ordering::Acquire);
         if c.is_null() {
             let size = class_size(class);
             let align = super::sizeclass::class_align(class);
@@ -692,11 +698,11 @@ impl Heap {
                 // The box comes from the bootstrap arena (the guard is set): never freed.
                 c = Box::into_raw(Box::new(cache));
                 // Release: pairs with the Acquire loads in `cache`.
-                self.caches[class.get()].store(c, Ordering::Release);
+                slot.store(c, Ordering::Release);
                 // SAFETY: just leaked, never freed.
                 let cpu = unsafe { &*c }.cpu_caches();
                 // Release: pairs with the Acquire load in `fast`.
-                FAST[class.get()].store(ptr::from_ref(cpu).cast_mut(), Ordering::Release);
+                fast_slot.store(ptr::from_ref(cpu).cast_mut(), Ordering::Release);
                 publish_fast_slots(class, cpu);
             }
         }
@@ -708,8 +714,8 @@ impl Heap {
     /// Class `i`'s cache if it has been made (no set-up).
     #[inline]
     fn made_cache(&self, class: ClassIndex) -> Option<&ObjectCache> {
-        // Acquire: as in `cache`.
-        let c = self.caches[class.get()].load(Ordering::Acquire);
+        // Acquire: as in `cache`. (`get`: as in `fast`.)
+        let c = self.caches.get(class.get())?.load(Ordering::Acquire);
         // SAFETY: as in `cache`.
         (!c.is_null()).then(|| unsafe { &*c })
     }

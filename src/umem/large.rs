@@ -471,19 +471,24 @@ impl Inner {
         }
     }
 
-    /// Takes cache entry `i` out (the last entry moves into its place).
-    fn take_cached(&mut self, i: usize) -> Cached {
-        let last = self.ncached - 1;
+    /// Takes cache entry `i` out (the last entry moves into its place); `None` if there
+    /// is no entry `i`. (Callers pass the index of a cached block; `get`, not indexing:
+    /// no allocator path may hold a formatting panic.)
+    fn take_cached(&mut self, i: usize) -> Option<Cached> {
         let cache = self.cache_mut();
-        let c = cache[i];
-        cache[i] = cache[last];
+        let last = cache.len().checked_sub(1)?;
+        let c = *cache.get(i)?;
+        let moved = *cache.get(last)?;
+        if let Some(slot) = cache.get_mut(i) {
+            *slot = moved;
+        }
         self.ncached = last;
         if c.madvised {
             self.madvised -= c.reserved;
         } else {
             self.dirty -= c.reserved;
         }
-        c
+        Some(c)
     }
 
     /// The best cached block for `n` bytes aligned to `align`, and whether to cut `n`
@@ -601,7 +606,7 @@ impl Inner {
             }
             None => return None,
         };
-        let c = self.take_cached(i);
+        let c = self.take_cached(i)?;
         let live = if cut {
             let Some((head, back)) = self.cut(vmem, &c, n) else {
                 self.push_cached(c);
@@ -650,11 +655,12 @@ impl Inner {
         let mut deadline = u64::MAX;
         let mut i = 0;
         while i < self.ncached {
-            let c = self.cache()[i];
+            let Some(&c) = self.cache().get(i) else { break };
             let release_at = c.since.saturating_add(release);
             if now >= release_at {
-                let c = self.take_cached(i);
-                self.release_block(vmem, c.base, c.reserved, c.head, c.madvised);
+                if let Some(c) = self.take_cached(i) {
+                    self.release_block(vmem, c.base, c.reserved, c.head, c.madvised);
+                }
                 continue; // entry `i` is now the former last one
             }
             deadline = deadline.min(release_at);
@@ -666,7 +672,9 @@ impl Inner {
                         // (2) freed, so nobody needs its contents.
                         unsafe { give_back(ptr, c.reserved, self.chunk) };
                     }
-                    self.cache_mut()[i].madvised = true;
+                    if let Some(cached) = self.cache_mut().get_mut(i) {
+                        cached.madvised = true;
+                    }
                     self.dirty -= c.reserved;
                     self.madvised += c.reserved;
                     self.purged += 1;
@@ -681,8 +689,7 @@ impl Inner {
 
     /// Releases every cached block to the arena.
     fn release_all(&mut self, vmem: &Vmem<'_>) {
-        while self.ncached > 0 {
-            let c = self.take_cached(self.ncached - 1);
+        while let Some(c) = self.ncached.checked_sub(1).and_then(|last| self.take_cached(last)) {
             self.release_block(vmem, c.base, c.reserved, c.head, c.madvised);
         }
         self.deadline = u64::MAX;
@@ -942,9 +949,10 @@ impl LargeHeap {
             let block = Cached { base, reserved: live.reserved, head: live.head, since: now, seq, madvised: false };
             if inner.ncached == CACHE_SLOTS {
                 // The oldest free (by order: the coarse clock's stamps can tie).
-                let oldest = (0..inner.ncached).min_by_key(|&i| inner.cache()[i].seq).unwrap_or(0);
-                let c = inner.take_cached(oldest);
-                inner.release_block(vmem, c.base, c.reserved, c.head, c.madvised);
+                let oldest = inner.cache().iter().enumerate().min_by_key(|(_, c)| c.seq).map_or(0, |(i, _)| i);
+                if let Some(c) = inner.take_cached(oldest) {
+                    inner.release_block(vmem, c.base, c.reserved, c.head, c.madvised);
+                }
             }
             inner.push_cached(block);
             inner.freed_since_merge = true;
@@ -997,9 +1005,9 @@ impl LargeHeap {
             }
             let mut reserved = live.reserved;
             let end = base + reserved;
-            let absorbed = match inner.cache().iter().position(|c| c.base == end) {
-                Some(i) => {
-                    let mut c = inner.take_cached(i);
+            let neighbour = inner.cache().iter().position(|c| c.base == end);
+            let absorbed = match neighbour.and_then(|i| inner.take_cached(i)) {
+                Some(mut c) => {
                     // Only what the grow needs, if the block is larger (merged freed
                     // neighbours can be): its rest stays cached for other requests.
                     let need = n - reserved;

@@ -173,6 +173,27 @@ pub const USABLE_PAGES: usize = PAGES - HEADER_PAGES;
 /// "umregion" in ASCII: the first word after the `RcHeader` of every region.
 const MAGIC: usize = 0x756d_7265_6769_6f6e;
 const USED_WORDS: usize = PAGES.div_ceil(64);
+// `page_bit_word` masks with it.
+const _: () = assert!(USED_WORDS.is_power_of_two());
+
+// `page_index` masks with it.
+const _: () = assert!(PAGES.is_power_of_two());
+
+/// Page `page`'s entry in a region's per-page tables (`page < PAGES`, so the mask changes
+/// nothing): masked into range, so that the index needs no bounds check and the
+/// allocator's paths hold no formatting panic.
+#[inline(always)]
+const fn page_index(page: usize) -> usize {
+    page & (PAGES - 1)
+}
+
+/// The word of a region's page bitmaps that holds page `page`'s bit (`page < PAGES`):
+/// masked into range, so that the index needs no bounds check and the allocator's paths
+/// hold no formatting panic.
+#[inline(always)]
+const fn page_bit_word(page: usize) -> usize {
+    (page / 64) & (USED_WORDS - 1)
+}
 /// Address bits of user space on x86_64 (4-level paging; we never ask for more).
 const ADDRESS_BITS: u32 = 47;
 /// Regions that fit in the address space: one registry bit each.
@@ -775,15 +796,15 @@ impl Regions {
             // one for this run, so it is not released); `locked` is ours under the lock.
             let locked = unsafe { &mut (*r).locked };
             for page in first..first + pages {
-                locked.used[page / 64] &= !(1 << (page % 64));
+                locked.used[page_bit_word(page)] &= !(1 << (page % 64));
                 // SAFETY: as above; `map` is only read through atomics.
                 // Relaxed: a free page's entry is read only by lookups, which hold the lock
                 // we hold (the unlocked readers, `owner_of` and `page_tag`, are only for
                 // live runs).
                 unsafe {
-                    (*r).map[page].store(0, Ordering::Relaxed);
-                    (*r).tags[page].store(0, Ordering::Relaxed);
-                    (*r).words[page].store(0, Ordering::Relaxed);
+                    (*r).map[page_index(page)].store(0, Ordering::Relaxed);
+                    (*r).tags[page_index(page)].store(0, Ordering::Relaxed);
+                    (*r).words[page_index(page)].store(0, Ordering::Relaxed);
                 }
             }
             locked.free_pages += pages;
@@ -915,7 +936,7 @@ impl Regions {
                 return f(None);
             }
             // SAFETY: as above. Relaxed: the entry was written under the lock we hold.
-            let owner = unsafe { (*r).map[page].load(Ordering::Relaxed) };
+            let owner = unsafe { (*r).map[page_index(page)].load(Ordering::Relaxed) };
             f(NonNull::new(owner as *mut u8))
         })
     }
@@ -954,14 +975,14 @@ impl Regions {
                     let mut region_runs = 0;
                     let mut previous = 0;
                     for page in 0..PAGES {
-                        let used = locked.used[page / 64] & (1 << (page % 64)) != 0;
+                        let used = locked.used[page_bit_word(page)] & (1 << (page % 64)) != 0;
                         // SAFETY: as above. Relaxed: written under the lock we hold.
-                        let owner = unsafe { (*r).map[page].load(Ordering::Relaxed) };
+                        let owner = unsafe { (*r).map[page_index(page)].load(Ordering::Relaxed) };
                         // SAFETY: as above. Relaxed: as above.
-                        let tag = unsafe { (*r).tags[page].load(Ordering::Relaxed) };
+                        let tag = unsafe { (*r).tags[page_index(page)].load(Ordering::Relaxed) };
                         assert!(used || tag == 0, "region: a free page keeps a tag");
                         // SAFETY: as above. Relaxed: as above.
-                        let word = unsafe { (*r).words[page].load(Ordering::Relaxed) };
+                        let word = unsafe { (*r).words[page_index(page)].load(Ordering::Relaxed) };
                         assert!(used || word == 0, "region: a free page keeps a tag word");
                         assert!(
                             word == 0
@@ -990,7 +1011,7 @@ impl Regions {
                     assert!(locked.dirty <= USABLE_PAGES, "region: dirty count out of range");
                     assert!(
                         (HEADER_PAGES..=PAGES).contains(&locked.touched)
-                            && (locked.touched..PAGES).all(|p| locked.used[p / 64] & (1 << (p % 64)) == 0),
+                            && (locked.touched..PAGES).all(|p| locked.used[page_bit_word(p)] & (1 << (p % 64)) == 0),
                         "region: a used page past the touched mark"
                     );
                     if state == State::Retained {
@@ -998,7 +1019,7 @@ impl Regions {
                     }
                     assert!(
                         (0..USED_WORDS).all(|w| locked.clean[w] & locked.used[w] == 0)
-                            && (locked.touched..PAGES).all(|p| locked.clean[p / 64] & (1 << (p % 64)) == 0),
+                            && (locked.touched..PAGES).all(|p| locked.clean[page_bit_word(p)] & (1 << (p % 64)) == 0),
                         "region: a clean page in a run or past the touched mark"
                     );
                     runs += region_runs;
@@ -1174,7 +1195,7 @@ fn region_of(addr: usize) -> usize {
 /// Under the manager's lock; `r` is a mapped region of the manager and `locked` its
 /// `locked` field.
 unsafe fn give_back_free(r: *mut RegionHeader, locked: &mut Locked) -> (usize, usize) {
-    let bit = |map: &[u64; USED_WORDS], page: usize| map[page / 64] & (1 << (page % 64)) != 0;
+    let bit = |map: &[u64; USED_WORDS], page: usize| map[page_bit_word(page)] & (1 << (page % 64)) != 0;
     let (mut bytes, mut refused) = (0, 0);
     let mut page = HEADER_PAGES;
     // The first page past the last used (or refused) one: what `touched` becomes.
@@ -1200,7 +1221,7 @@ unsafe fn give_back_free(r: *mut RegionHeader, locked: &mut Locked) -> (usize, u
         if unsafe { os::dontneed(NonNull::new_unchecked((r as *mut u8).add(first * PAGE)), (page - first) * PAGE) } {
             bytes += (page - first) * PAGE;
             for p in first..page {
-                locked.clean[p / 64] |= 1 << (p % 64);
+                locked.clean[page_bit_word(p)] |= 1 << (p % 64);
             }
         } else {
             // Still resident: the touched mark must stay above it, so that a later
@@ -1210,7 +1231,7 @@ unsafe fn give_back_free(r: *mut RegionHeader, locked: &mut Locked) -> (usize, u
         }
     }
     for p in end..locked.touched {
-        locked.clean[p / 64] &= !(1 << (p % 64));
+        locked.clean[page_bit_word(p)] &= !(1 << (p % 64));
     }
     locked.touched = end;
     if bytes > 0 && !locked.no_huge && os::thp_always() {
@@ -1227,7 +1248,7 @@ unsafe fn give_back_free(r: *mut RegionHeader, locked: &mut Locked) -> (usize, u
 fn find_run(used: &[u64; USED_WORDS], pages: usize) -> Option<usize> {
     let mut len = 0;
     for page in HEADER_PAGES..PAGES {
-        if used[page / 64] & (1 << (page % 64)) != 0 {
+        if used[page_bit_word(page)] & (1 << (page % 64)) != 0 {
             len = 0;
         } else {
             len += 1;
@@ -1263,16 +1284,16 @@ unsafe fn take_run(
     // SAFETY: under the lock.
     let locked = unsafe { &mut (*r).locked };
     for page in first..first + pages {
-        debug_assert!(locked.used[page / 64] & (1 << (page % 64)) == 0);
-        locked.used[page / 64] |= 1 << (page % 64);
-        locked.clean[page / 64] &= !(1 << (page % 64));
+        debug_assert!(locked.used[page_bit_word(page)] & (1 << (page % 64)) == 0);
+        locked.used[page_bit_word(page)] |= 1 << (page % 64);
+        locked.clean[page_bit_word(page)] &= !(1 << (page % 64));
         // SAFETY: the region is mapped. Relaxed (the tag): see [`page_tag`]. Release (the
         // owner): pairs with the Acquire load in `owner_of` (the free path follows the
         // address to the slab header).
         unsafe {
-            (*r).tags[page].store(tag, Ordering::Relaxed);
-            (*r).words[page].store(word, Ordering::Relaxed);
-            (*r).map[page].store(owner, Ordering::Release);
+            (*r).tags[page_index(page)].store(tag, Ordering::Relaxed);
+            (*r).words[page_index(page)].store(word, Ordering::Relaxed);
+            (*r).map[page_index(page)].store(owner, Ordering::Release);
         }
     }
     locked.free_pages -= pages;
@@ -1302,7 +1323,7 @@ fn map_region(s: &mut Shared, inner: &Inner) -> Result<*mut RegionHeader, AllocE
     let r = base.as_ptr().cast::<RegionHeader>();
     let mut used = [0u64; USED_WORDS];
     for page in 0..HEADER_PAGES {
-        used[page / 64] |= 1 << (page % 64);
+        used[page_bit_word(page)] |= 1 << (page % 64);
     }
     let header = RegionHeader {
         rc: RcHeader::new::<RegionRelease>(),

@@ -190,9 +190,10 @@ impl ClassIndex {
 /// ```
 #[inline]
 pub const fn class_size(i: ClassIndex) -> usize {
-    // The index is below NCLASSES by construction; the mask lets the compiler see that
-    // without a bounds check (NCLASSES < 128).
-    CLASSES[i.get() & 127] as usize
+    // The index is below NCLASSES by construction; the clamp lets the compiler see that,
+    // so that no bounds check (and no formatting panic) is left on the allocator's paths.
+    let i = i.get();
+    CLASSES[if i < NCLASSES { i } else { NCLASSES - 1 }] as usize
 }
 
 /// The alignment that objects of class `i` get: the largest power of two dividing its

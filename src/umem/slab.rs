@@ -114,6 +114,16 @@ pub const MAX_SIZE: usize = if cfg!(scalemem_loom) { 8 << 10 } else { 128 << 10 
 /// The most objects in one slab (the size of a slab's bitmap).
 pub const MAX_OBJECTS: usize = 512;
 const BITMAP_WORDS: usize = MAX_OBJECTS / usize::BITS as usize;
+// `bit_word` masks with it; each word holds 64 objects' bits.
+const _: () = assert!(BITMAP_WORDS.is_power_of_two() && usize::BITS == 64);
+
+/// The word of a slab's bitmap that holds object `index`'s bit (`index < MAX_OBJECTS`):
+/// masked into range, so that the index needs no bounds check and the allocator's paths
+/// hold no formatting panic.
+#[inline(always)]
+pub(super) const fn bit_word(index: usize) -> usize {
+    (index / 64) & (BITMAP_WORDS - 1)
+}
 const CACHE_LINE: usize = 64;
 /// Redzone fill (checking mode).
 const REDZONE: u8 = 0xBB;
@@ -589,7 +599,7 @@ impl<'r> SlabCache<'r> {
         };
         let index = (obj.as_ptr() as usize - ident.first as usize) / c.chunk;
         // SAFETY: live slab header. Relaxed: see `SlabHeader::bits`.
-        unsafe { (*h).bits[index / 64].fetch_or(1 << (index % 64), Ordering::Relaxed) };
+        unsafe { (*h).bits[bit_word(index)].fetch_or(1 << (index % 64), Ordering::Relaxed) };
         locked.allocated += 1;
         s.allocated += 1;
         if c.checking {
@@ -788,7 +798,7 @@ impl<'r> SlabCache<'r> {
         }
         let bit = 1 << (index % 64);
         // SAFETY: live header. Relaxed: see `SlabHeader::bits`; writers hold our lock.
-        let word = unsafe { &(*h).bits[index / 64] };
+        let word = unsafe { &(*h).bits[bit_word(index)] };
         if word.load(Ordering::Relaxed) & bit == 0 {
             return Err(FreeError::NotAllocated);
         }
@@ -973,7 +983,7 @@ impl<'r> SlabCache<'r> {
                             "slab: free object out of place"
                         );
                         // SAFETY: live header.
-                        let word = unsafe { (*h).bits[index / 64].load(Ordering::Relaxed) };
+                        let word = unsafe { (*h).bits[bit_word(index)].load(Ordering::Relaxed) };
                         assert!(word & (1 << (index % 64)) == 0, "slab: free object marked allocated");
                         // SAFETY: a free object's first word is the link.
                         cursor = unsafe { cursor.cast::<*mut u8>().read() };

@@ -69,8 +69,10 @@ mod imp {
     /// Whether `entries[i]` is the first entry over its region manager (each manager is
     /// locked once, by its first cache, and unlocked by the same rule).
     fn first_over_its_regions(entries: &[Entry], i: usize) -> bool {
-        let regions = entries[i].inner().regions();
-        !entries[..i].iter().any(|e| core::ptr::eq(e.inner().regions(), regions))
+        // `get`, not indexing (`i` is an entry's index): the fork handlers may hold no
+        // formatting panic.
+        let Some(regions) = entries.get(i).map(|e| e.inner().regions()) else { return false };
+        !entries.iter().take(i).any(|e| core::ptr::eq(e.inner().regions(), regions))
     }
 
     /// The `fork` prepare step for registered caches: the registry lock (held until

@@ -61,7 +61,7 @@ impl Regions {
                 return None;
             }
             // SAFETY: live header. Relaxed: see `SlabHeader::bits`.
-            let word = unsafe { (*h).bits[index / 64].load(Ordering::Relaxed) };
+            let word = unsafe { (*h).bits[super::bit_word(index)].load(Ordering::Relaxed) };
             Some(Found {
                 cache: CacheId(ident.cache as usize),
                 name: c.name,

@@ -667,7 +667,9 @@ impl<'s> Vmem<'s> {
             let (addrs, n) = cache.with(QCache::drain);
             if n > 0 {
                 self.arena.with(|arena| {
-                    for &addr in &addrs[..n] {
+                    // (`take`, not a slice index: no allocator path may hold a
+                    // formatting panic.)
+                    for &addr in addrs.iter().take(n) {
                         // Only allocated segments enter a cache in checking mode; without
                         // it, a bad free may have put anything here, and the arena refuses
                         // it unchanged.
