@@ -14,6 +14,8 @@
 # (worker threads, buffers, zlib), gcc (an -O2 compile, object compared), and cargo/rustc
 # building a small crate whose threaded binary then runs. Each program is also checked to bind `malloc` to
 # libscalemem.so (LD_DEBUG=bindings), so a static or setuid binary cannot pass unnoticed.
+# It also checks that no allocator function of the release library calls a panic entry
+# point (objdump; a short allowlist of asserts and set-up code).
 # About 2 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +23,7 @@ root=$PWD
 
 # ---- tools ---------------------------------------------------------------------------
 missing=()
-for pair in cc:gcc c++:g++ sqlite3:sqlite3 git:git xz:xz-utils zstd:zstd python3:python3 node:nodejs; do
+for pair in cc:gcc c++:g++ objdump:binutils sqlite3:sqlite3 git:git xz:xz-utils zstd:zstd python3:python3 node:nodejs; do
     command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
 # perl-base has no Digest::SHA; the perl package has.
@@ -104,6 +106,18 @@ else
         echo "unshare -U -m: $want, with and without the preload"
     fi
 fi
+
+# ---- no formatting panic in the allocator's machine code ---------------------------------
+# The house rule: no allocator path holds a formatting panic (a panic inside malloc is an
+# abort at best). Every scalemem function of the release library that calls a panic
+# entry point must be one of these, whose panic is an assert by design (a membarrier
+# that fails after it had succeeded) or off the allocation paths (set-up, Drop).
+allowed='Refcache as core::ops::drop::Drop>::drop|refcache::Domain::tick|region::Regions::fork_lock|region::RegionsBuilder::build|global::Heap::make_cache'
+panicking=$(objdump -d --no-show-raw-insn -C "$so" |
+    awk '/^[0-9a-f]+ <.*>:$/ {fn=$0} /call.*(panic_bounds_check|panic_fmt|slice_index_fail|slice_end_index_len_fail|slice_start_index_len_fail|slice_index_order_fail)/ {print fn}' |
+    grep scalemem | grep -Ev "$allowed" | sort -u || true)
+[[ -z $panicking ]] || { echo "FAIL panic calls in allocator functions of libscalemem.so:"; echo "$panicking"; exit 1; }
+echo "no formatting panic in the allocator's functions (objdump; the allowed few are asserts or set-up)"
 
 # ---- a tight address-space limit (ulimit -v) --------------------------------------------
 # Under RLIMIT_AS the library must fail as an allocator does (null, ENOMEM), never abort.
