@@ -1456,16 +1456,16 @@ mod tests {
 
     /// Managers leaked for `'static`, kept reachable from here so that LeakSanitizer does
     /// not report them.
-    static LEAKED: [std::sync::atomic::AtomicUsize; 4] = [const { std::sync::atomic::AtomicUsize::new(0) }; 4];
-    static LEAKED_NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    static LEAKED: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
+    static LEAKED_NEXT: AtomicUsize = AtomicUsize::new(0);
 
     /// A trimming cache of page-sized objects on a manager ticked by hand (nothing but
     /// the cache's own purges gives pages back), with one-round magazines that may grow.
     fn trimming(threshold: usize) -> (&'static Regions, ObjectCache) {
-        use std::sync::atomic::Ordering::Relaxed;
         let regions: &'static Regions =
             Box::leak(Box::new(Regions::builder().refcache(RefcacheConfig::manual()).retain(0).build().unwrap()));
-        LEAKED[LEAKED_NEXT.fetch_add(1, Relaxed)].store(core::ptr::from_ref(regions) as usize, Relaxed);
+        let slot = LEAKED_NEXT.fetch_add(1, Ordering::Relaxed);
+        LEAKED[slot].store(core::ptr::from_ref(regions) as usize, Ordering::Relaxed);
         let magazines = cpu_cache::Config { initial_rounds: 1, min_rounds: 1, max_rounds: 143, ..Default::default() };
         let config = Config { reaper: false, magazines, trim_threshold: Some(threshold), ..Config::default() };
         (regions, ObjectCache::new_in(regions, "resize-purge", SIZE, 8, None, None, config).unwrap())

@@ -549,7 +549,8 @@ impl Inner {
             }
             at + size - end
         };
-        let front_head = if at == c.base { size.min(n) } else { c.head };
+        // A cut inside the head piece (or at its end) leaves the front one piece of `n`.
+        let front_head = if at == c.base { n } else { c.head };
         Some((front_head, Cached { base: end, reserved: c.reserved - n, head: back_head, ..*c }))
     }
 
