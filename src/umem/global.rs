@@ -123,6 +123,7 @@ use super::region::{self, PAGE, Regions, StaticRegistry};
 use super::sizeclass::{
     COLOURED_ALIGN, ClassIndex, LOOKUP_MAX, MAX_CLASS_SIZE, NCLASSES, class_of, class_size, is_coloured,
 };
+use super::slot_table::{Published, SlotTable};
 use crate::util::Backoff;
 
 /// The alignment [`malloc`] guarantees (glibc's on x86-64: `max_align_t`).
@@ -142,8 +143,32 @@ pub const MIN_ALIGN: usize = 16;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Umem;
 
+/// Making a handle costs nothing: `const`, no allocation, no state of its own.
+///
+/// ```
+/// use scalemem::umem::Umem;
+/// static HANDLE: Umem = Umem::new();
+/// assert_eq!(std::mem::size_of_val(&HANDLE), 0);
+/// let mut v = allocator_api2::vec::Vec::new_in(HANDLE);
+/// v.extend([1u32, 2, 3]);
+/// assert_eq!(v.iter().sum::<u32>(), 6);
+/// ```
 impl Umem {
     /// A handle to the process-wide heap (made on the first allocation, not here).
+    ///
+    /// ```
+    /// use scalemem::umem::Umem;
+    /// use std::alloc::{GlobalAlloc, Layout};
+    ///
+    /// // Every handle is the same heap: a block from one is freed through another.
+    /// let layout = Layout::new::<[u64; 4]>();
+    /// // SAFETY: a non-zero-sized layout; the block is freed once, with the same layout.
+    /// unsafe {
+    ///     let p = Umem::new().alloc(layout);
+    ///     assert!(!p.is_null() && p.align_offset(layout.align()) == 0);
+    ///     Umem::default().dealloc(p, layout);
+    /// }
+    /// ```
     pub const fn new() -> Self {
         Self
     }
@@ -360,23 +385,22 @@ fn fast(class: ClassIndex) -> Option<&'static CpuCaches> {
 }
 
 /// What the rseq-mode hit paths load instead of [`FAST`]: each made class's per-CPU
-/// slots ([`RawSlots`]), indexed by page tag (class + 1), so that `malloc` and `free`
-/// reach the current CPU's slot from the class in one load, with no check of the mode.
-/// A null base is "not here": tag 0 (no class), a class not made yet, and every class in
-/// locked mode, whose hits go out of line ([`alloc_unfast`], [`free_unfast`]). Set once
-/// per class, after [`FAST`]; the global caches are never destroyed.
-struct FastSlots {
-    /// The slot count of every global layer (each has one slot per possible CPU); set
-    /// before the first base is published, never changed.
-    ncpus: AtomicUsize,
-    /// Slot bases by page tag; 256 entries, so that any tag byte indexes it.
-    base: [AtomicPtr<u8>; 256],
-}
+/// slots ([`RawSlots`]), published through a [`SlotTable`] (its module documents the
+/// protocol): by page tag (class + 1), so that `free` reaches the current CPU's slot from
+/// the page's tag word, and by request size for the sizes up to [`LOOKUP_MAX`] (the
+/// sizes the class lookup tables cover; `by8` for alignments up to 8, Rust layouts,
+/// `by16` for `malloc`'s), so that a hit loads its slots from the size in one load where
+/// the class lookup and then the tag's entry are two dependent loads (one load and one
+/// instruction fewer per hit: 3-7% on the 256-byte and 1 KiB batch loops,
+/// `BENCHMARKS.md`). A null entry is "not here": tag 0 (no class), a class not made
+/// yet, and every class in locked mode, whose hits go out of line ([`alloc_unfast`],
+/// [`free_unfast`]). Set once per class, after [`FAST`]; the global caches are never
+/// destroyed. 256 tag entries, so that any tag byte indexes it.
+static FAST_SLOTS: FastSlots = FastSlots::new();
 
-static FAST_SLOTS: FastSlots =
-    FastSlots { ncpus: AtomicUsize::new(0), base: [const { AtomicPtr::new(ptr::null_mut()) }; 256] };
+type FastSlots = SlotTable<256, { LOOKUP_MAX / 8 + 1 }, { LOOKUP_MAX / 16 + 1 }>;
 
-// Every class's tag indexes FAST_SLOTS.base.
+// Every class's tag indexes FAST_SLOTS' tag entries.
 const _: () = assert!(NCLASSES < 255);
 
 /// The page tag of class `class`'s slab pages (0 means "no class").
@@ -386,10 +410,16 @@ fn tag_of(class: ClassIndex) -> u8 {
     class.get() as u8 + 1
 }
 
+/// A table entry's published slots as the hit paths use them.
+#[inline(always)]
+fn raw(published: Published) -> RawSlots {
+    RawSlots { base: published.base, ncpus: published.ncpus }
+}
+
 /// The rseq-mode slots of the class whose page tag is `tag`, if published.
 #[inline(always)]
 fn fast_slots(tag: u8) -> Option<RawSlots> {
-    fast_slots_at(&FAST_SLOTS.base[usize::from(tag)])
+    FAST_SLOTS.slots_at(FAST_SLOTS.by_tag(usize::from(tag))?).map(raw)
 }
 
 /// The rseq-mode slots of class `class`, if published: [`fast_slots`] of its tag,
@@ -397,37 +427,9 @@ fn fast_slots(tag: u8) -> Option<RawSlots> {
 #[inline(always)]
 fn fast_slots_of(class: ClassIndex) -> Option<RawSlots> {
     // SAFETY: class < NCLASSES < 255 (ClassIndex's invariant), so class + 1 (its tag) is
-    // in bounds.
-    fast_slots_at(unsafe { FAST_SLOTS.base.get_unchecked(class.get() + 1) })
+    // below the table's 256 tag entries.
+    FAST_SLOTS.slots_at(unsafe { FAST_SLOTS.by_tag_unchecked(class.get() + 1) }).map(raw)
 }
-
-/// The slots an entry of [`FAST_SLOTS`] publishes, if any.
-#[inline(always)]
-fn fast_slots_at(entry: &AtomicPtr<u8>) -> Option<RawSlots> {
-    // Acquire: pairs with the Release store in `publish_fast_slots`: the slots are
-    // initialised, and `ncpus` (stored before) is seen.
-    let base = entry.load(Ordering::Acquire);
-    // Relaxed: ordered after the Acquire above.
-    (!base.is_null()).then(|| RawSlots { base, ncpus: FAST_SLOTS.ncpus.load(Ordering::Relaxed) })
-}
-
-/// [`FAST_SLOTS`]' bases again, indexed by request size for the sizes up to
-/// [`LOOKUP_MAX`] (the sizes the class lookup tables cover): `by8[size.div_ceil(8)]` is
-/// the base of `class_of(size, 8)`'s slots (alignment up to 8: Rust layouts), and
-/// `by16[size.div_ceil(16)]` that of `class_of(size, 16)` (`malloc`'s alignment). A hit
-/// of these sizes loads its slots from the size in one load, where the class lookup
-/// and then [`FAST_SLOTS`] are two dependent loads (one load and one instruction fewer
-/// per hit: 3-7% on the 256-byte and 1 KiB batch loops, `BENCHMARKS.md`). Null entries
-/// as in [`FAST_SLOTS`]; each is set once, right after its class's entry there.
-struct SlotsBySize {
-    by8: [AtomicPtr<u8>; LOOKUP_MAX / 8 + 1],
-    by16: [AtomicPtr<u8>; LOOKUP_MAX / 16 + 1],
-}
-
-static SLOTS_BY_SIZE: SlotsBySize = SlotsBySize {
-    by8: [const { AtomicPtr::new(ptr::null_mut()) }; LOOKUP_MAX / 8 + 1],
-    by16: [const { AtomicPtr::new(ptr::null_mut()) }; LOOKUP_MAX / 16 + 1],
-};
 
 /// The published slots for a request of `size <= LOOKUP_MAX` bytes aligned to
 /// `align <= MIN_ALIGN`, if its class has them: the same slots as
@@ -437,43 +439,30 @@ fn fast_slots_by_size(size: usize, align: usize) -> Option<RawSlots> {
     debug_assert!(size <= LOOKUP_MAX && align <= MIN_ALIGN);
     let entry = if align <= 8 {
         // SAFETY: size <= LOOKUP_MAX, so the index is at most LOOKUP_MAX / 8, the last.
-        unsafe { SLOTS_BY_SIZE.by8.get_unchecked(size.div_ceil(8)) }
+        unsafe { FAST_SLOTS.by8_unchecked(size) }
     } else {
         // SAFETY: size <= LOOKUP_MAX, so the index is at most LOOKUP_MAX / 16, the last.
-        unsafe { SLOTS_BY_SIZE.by16.get_unchecked(size.div_ceil(16)) }
+        unsafe { FAST_SLOTS.by16_unchecked(size) }
     };
-    fast_slots_at(entry)
+    FAST_SLOTS.slots_at(entry).map(raw)
 }
 
 /// Publishes `cpu`'s slots for the hit paths if it runs in rseq mode (with the slot
 /// count every global layer shares; a layer with another count, which cannot happen,
-/// is left to [`FAST`]).
+/// is left to [`FAST`]). Runs under the heap's set-up lock (`make_cache`), the
+/// serialisation [`SlotTable::publish`] asks for.
 fn publish_fast_slots(class: ClassIndex, cpu: &'static CpuCaches) {
     let Some(raw) = cpu.raw_slots() else { return };
-    // Relaxed: published by the Release store of a base below; the value never changes.
-    let ncpus = FAST_SLOTS.ncpus.load(Ordering::Relaxed);
-    if ncpus == 0 {
-        // Relaxed: as above; `make_cache` runs under the heap's set-up lock.
-        FAST_SLOTS.ncpus.store(raw.ncpus, Ordering::Relaxed);
-    } else if ncpus != raw.ncpus {
-        return;
-    }
-    // Release: pairs with the Acquire load in `fast_slots`.
-    FAST_SLOTS.base[usize::from(tag_of(class))].store(raw.base, Ordering::Release);
     // The same base under every size whose lookup names this class (entry i covers the
     // sizes whose rounded-up multiple of 8, or 16, is 8i, or 16i; the lookup of that
-    // multiple is the entry's class). Release: pairs with the Acquire load in
-    // `fast_slots_at`, as above.
-    for (i, entry) in SLOTS_BY_SIZE.by8.iter().enumerate() {
-        if class_of(8 * i, 8) == Some(class) {
-            entry.store(raw.base, Ordering::Release);
-        }
-    }
-    for (i, entry) in SLOTS_BY_SIZE.by16.iter().enumerate() {
-        if class_of(16 * i, 16) == Some(class) {
-            entry.store(raw.base, Ordering::Release);
-        }
-    }
+    // multiple is the entry's class).
+    FAST_SLOTS.publish(
+        tag_of(class),
+        raw.base,
+        raw.ncpus,
+        |i| class_of(8 * i, 8) == Some(class),
+        |i| class_of(16 * i, 16) == Some(class),
+    );
 }
 
 /// The process-wide heap, in its own mapping (never unmapped).
@@ -592,7 +581,7 @@ fn build_heap() -> Option<*const Heap> {
     // that fails after this line drops its manager, which maps no region before that.
     // The tag words: each slab page names its class's published slots (see `free`).
     let regions = unsafe { Regions::builder().refcache(crate::refcount::Config::manual()).static_registry(&REGISTRY) }
-        .tag_words(&FAST_SLOTS.base)
+        .tag_words(FAST_SLOTS.tag_words())
         .build()
         .ok()?;
     let large = LargeHeap::new(LargeConfig::default()).ok()?;
@@ -926,9 +915,9 @@ pub fn aligned_alloc(align: usize, size: usize) -> *mut u8 {
 
 /// Every interface's allocation: the fast path is a pop from this CPU's loaded magazine
 /// of the class's cache, with no guard (one rseq section calls nothing, so it is safe
-/// even re-entrantly), reached through [`SLOTS_BY_SIZE`] for requests of up to
-/// [`LOOKUP_MAX`] bytes aligned to at most [`MIN_ALIGN`], else through the class and
-/// [`FAST_SLOTS`]; anything else is [`alloc_slow`] (or, for a class without published
+/// even re-entrantly), reached through [`FAST_SLOTS`]' size entries for requests of up to
+/// [`LOOKUP_MAX`] bytes aligned to at most [`MIN_ALIGN`], else through the class and its
+/// tag's entry; anything else is [`alloc_slow`] (or, for a class without published
 /// slots, [`alloc_unfast`]).
 #[inline(always)]
 fn alloc_block(size: usize, align: usize) -> *mut u8 {
@@ -1029,12 +1018,12 @@ pub unsafe fn free(ptr: *mut u8) {
         let word = unsafe { region::page_word(ptr) };
         if !word.is_null() {
             // The page's class's slots, as `FAST_SLOTS` published them (the heap's regions
-            // copy `FAST_SLOTS.base[tag]` into each page of a run taken with `tag`): one
+            // copy `FAST_SLOTS`' entry for `tag` into each page of a run taken with `tag`): one
             // load from the pointer instead of the tag's and then the table's, which an
             // alloc-then-free loop would wait for in turn. Relaxed: `ncpus` was stored
             // before any base was published, and the word was loaded from the table
             // with Acquire before the object was handed out.
-            let slots = RawSlots { base: word, ncpus: FAST_SLOTS.ncpus.load(Ordering::Relaxed) };
+            let slots = RawSlots { base: word, ncpus: FAST_SLOTS.ncpus() };
             // SAFETY: published slots of a global layer, which lives forever; the object
             // is one of its cache's (its page's word is its class's slots).
             if unsafe { slots.push(nn) } {
@@ -1534,6 +1523,18 @@ fn mapped(heap: &Heap) -> usize {
 
 /// The heap's counters ([`UmemStats`]); all zero before the first allocation. Takes
 /// each cache's and the heap's locks briefly: for `mallinfo`, not for hot paths.
+///
+/// ```
+/// use scalemem::umem::global::{free, malloc, stats};
+///
+/// // A block above the largest size class is the large heap's.
+/// let p = malloc(4 << 20);
+/// assert!(!p.is_null());
+/// let s = stats();
+/// assert!(s.large_in_use >= 4 << 20 && s.in_use >= s.large_in_use && s.mapped >= s.in_use);
+/// // SAFETY: from `malloc`, freed once.
+/// unsafe { free(p) };
+/// ```
 pub fn stats() -> UmemStats {
     // Relaxed: a statistic.
     let bootstrap = BOOT_USED.load(Ordering::Relaxed);
@@ -1697,7 +1698,7 @@ unsafe impl GlobalAlloc for Umem {
         if !(old_class.is_some() && REGISTRY.has(ptr)) && boot_contains(ptr) {
             // SAFETY: a live bootstrap block of `layout.size()` bytes; the new layout is
             // valid (the caller's contract).
-            return unsafe { self.move_to(ptr, layout, new_size) };
+            return unsafe { move_to(ptr, layout, new_size) };
         }
         match (old_class, new_class) {
             (Some(a), Some(b)) if a == b => return ptr,
@@ -1715,30 +1716,28 @@ unsafe impl GlobalAlloc for Umem {
             _ => {}
         }
         // SAFETY: the caller's contract.
-        unsafe { self.move_to(ptr, layout, new_size) }
+        unsafe { move_to(ptr, layout, new_size) }
     }
 }
 
-impl Umem {
-    /// `GlobalAlloc::realloc` by moving: allocate, copy, free.
-    ///
-    /// # Safety
-    /// As `GlobalAlloc::realloc`.
-    unsafe fn move_to(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: the caller's contract makes this layout valid.
-        let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
-        // SAFETY: a non-zero-sized layout (the caller's contract).
-        let new = unsafe { self.alloc(new_layout) };
-        if !new.is_null() {
-            // SAFETY: both blocks are live, disjoint, and hold `min` bytes; the old one
-            // is freed once.
-            unsafe {
-                ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
-                self.dealloc(ptr, layout);
-            }
+/// `GlobalAlloc::realloc` by moving: allocate, copy, free.
+///
+/// # Safety
+/// As `GlobalAlloc::realloc`.
+unsafe fn move_to(ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+    // SAFETY: the caller's contract makes this layout valid.
+    let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+    // SAFETY: a non-zero-sized layout (the caller's contract).
+    let new = unsafe { Umem.alloc(new_layout) };
+    if !new.is_null() {
+        // SAFETY: both blocks are live, disjoint, and hold `min` bytes; the old one is
+        // freed once.
+        unsafe {
+            ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
+            Umem.dealloc(ptr, layout);
         }
-        new
     }
+    new
 }
 
 // SAFETY: blocks are valid until deallocated, whichever handle frees them (every `Umem`
@@ -1765,7 +1764,7 @@ unsafe impl allocator_api2::alloc::Allocator for Umem {
         new: Layout,
     ) -> Result<NonNull<[u8]>, allocator_api2::alloc::AllocError> {
         // SAFETY: the caller's contract (`new.size() >= old.size()`, a live block).
-        unsafe { self.resize(ptr, old, new) }
+        unsafe { resize(ptr, old, new) }
     }
 
     unsafe fn shrink(
@@ -1775,52 +1774,49 @@ unsafe impl allocator_api2::alloc::Allocator for Umem {
         new: Layout,
     ) -> Result<NonNull<[u8]>, allocator_api2::alloc::AllocError> {
         // SAFETY: the caller's contract (`new.size() <= old.size()`, a live block).
-        unsafe { self.resize(ptr, old, new) }
+        unsafe { resize(ptr, old, new) }
     }
 }
 
-impl Umem {
-    /// `Allocator::grow`/`shrink`: `GlobalAlloc::realloc` when the alignment stays, else
-    /// a move.
-    ///
-    /// # Safety
-    /// `ptr` is a live block of layout `old`.
-    unsafe fn resize(
-        &self,
-        ptr: NonNull<u8>,
-        old: Layout,
-        new: Layout,
-    ) -> Result<NonNull<[u8]>, allocator_api2::alloc::AllocError> {
-        let p = if new.align() == old.align() {
-            // SAFETY: the caller's contract; `new` is a valid layout of this alignment.
-            unsafe { GlobalAlloc::realloc(self, ptr.as_ptr(), old, new.size()) }
-        } else {
-            // SAFETY: any layout is accepted.
-            let p = unsafe { GlobalAlloc::alloc(self, new) };
-            if !p.is_null() {
-                // SAFETY: disjoint live blocks, each at least `min` bytes; the old one is
-                // freed once.
-                unsafe {
-                    ptr::copy_nonoverlapping(ptr.as_ptr(), p, old.size().min(new.size()));
-                    GlobalAlloc::dealloc(self, ptr.as_ptr(), old);
-                }
+/// `Allocator::grow`/`shrink`: `GlobalAlloc::realloc` when the alignment stays, else a
+/// move.
+///
+/// # Safety
+/// `ptr` is a live block of layout `old`.
+unsafe fn resize(
+    ptr: NonNull<u8>,
+    old: Layout,
+    new: Layout,
+) -> Result<NonNull<[u8]>, allocator_api2::alloc::AllocError> {
+    let p = if new.align() == old.align() {
+        // SAFETY: the caller's contract; `new` is a valid layout of this alignment.
+        unsafe { GlobalAlloc::realloc(&Umem, ptr.as_ptr(), old, new.size()) }
+    } else {
+        // SAFETY: any layout is accepted.
+        let p = unsafe { GlobalAlloc::alloc(&Umem, new) };
+        if !p.is_null() {
+            // SAFETY: disjoint live blocks, each at least `min` bytes; the old one is
+            // freed once.
+            unsafe {
+                ptr::copy_nonoverlapping(ptr.as_ptr(), p, old.size().min(new.size()));
+                GlobalAlloc::dealloc(&Umem, ptr.as_ptr(), old);
             }
-            p
-        };
-        let p = NonNull::new(p).ok_or(allocator_api2::alloc::AllocError)?;
-        Ok(NonNull::slice_from_raw_parts(p, new.size()))
-    }
+        }
+        p
+    };
+    let p = NonNull::new(p).ok_or(allocator_api2::alloc::AllocError)?;
+    Ok(NonNull::slice_from_raw_parts(p, new.size()))
 }
 
 #[cfg(all(test, not(scalemem_loom)))]
 mod tests {
     use super::*;
 
-    /// The size-indexed slots (`SLOTS_BY_SIZE`) name the class of the request: every
+    /// The size entries of `FAST_SLOTS` name the class of the request: every
     /// request of up to `LOOKUP_MAX` bytes, through `malloc` (aligned to 16) and through
     /// `GlobalAlloc` (aligned to 8), is served a block of its class, also when the block
     /// comes from a magazine pop through the table (a free just put one there), and
-    /// each published entry equals its class's `FAST_SLOTS` entry.
+    /// each published entry equals its class's tag entry.
     #[test]
     fn slots_by_size_name_the_class_of_the_request() {
         let alloc = |size: usize, align: usize| {
@@ -1859,19 +1855,22 @@ mod tests {
                 dealloc(p, size, align);
             }
         }
-        for (i, entry) in SLOTS_BY_SIZE.by8.iter().enumerate() {
+        let (by8, by16) = FAST_SLOTS.by_size();
+        for (i, entry) in by8.iter().enumerate() {
             let class = class_of(8 * i, 8).unwrap();
-            // Acquire: as in `fast_slots_at`.
-            let (by_size, by_tag) =
-                (entry.load(Ordering::Acquire), FAST_SLOTS.base[usize::from(tag_of(class))].load(Ordering::Acquire));
-            assert_eq!(by_size, by_tag, "entry {i} of by8");
+            assert_eq!(
+                FAST_SLOTS.slots_at(entry),
+                FAST_SLOTS.slots_at(&FAST_SLOTS.tag_words()[usize::from(tag_of(class))]),
+                "entry {i} of by8"
+            );
         }
-        for (i, entry) in SLOTS_BY_SIZE.by16.iter().enumerate() {
+        for (i, entry) in by16.iter().enumerate() {
             let class = class_of(16 * i, 16).unwrap();
-            // Acquire: as in `fast_slots_at`.
-            let (by_size, by_tag) =
-                (entry.load(Ordering::Acquire), FAST_SLOTS.base[usize::from(tag_of(class))].load(Ordering::Acquire));
-            assert_eq!(by_size, by_tag, "entry {i} of by16");
+            assert_eq!(
+                FAST_SLOTS.slots_at(entry),
+                FAST_SLOTS.slots_at(&FAST_SLOTS.tag_words()[usize::from(tag_of(class))]),
+                "entry {i} of by16"
+            );
         }
     }
 
@@ -1889,9 +1888,8 @@ mod tests {
             // SAFETY: a live block from `malloc`, in one of the heap's regions.
             let (tag, word) = unsafe { (region::page_tag(p), region::page_word(p)) };
             assert_eq!(tag, tag_of(class), "page tag of a {size}-byte block");
-            // Acquire: as in `fast_slots_at`.
-            let published = FAST_SLOTS.base[usize::from(tag)].load(Ordering::Acquire);
-            if !published.is_null() {
+            if let Some(published) = FAST_SLOTS.slots_at(&FAST_SLOTS.tag_words()[usize::from(tag)]) {
+                let published = published.base;
                 // Runs taken before the class's slots were published keep a null word;
                 // every run taken after names them.
                 assert!(word.is_null() || word == published, "a {size}-byte block's page names other slots");
@@ -1902,7 +1900,7 @@ mod tests {
             // SAFETY: from `malloc`, freed once.
             unsafe { free(p) };
         }
-        if crate::cpu::rseq_enabled() && FAST_SLOTS.ncpus.load(Ordering::Relaxed) != 0 {
+        if crate::cpu::rseq_enabled() && FAST_SLOTS.ncpus() != 0 {
             assert!(checked > 0, "no block's page named its class's slots in rseq mode");
         }
         // Freed through the word into its class's magazine: a block of one class is never

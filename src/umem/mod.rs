@@ -65,6 +65,11 @@ pub mod os;
 pub mod region;
 pub mod sizeclass;
 pub mod slab;
+// Public under loom only, for the model in loom-tests/tests/slot_table.rs.
+#[cfg(scalemem_loom)]
+pub mod slot_table;
+#[cfg(not(scalemem_loom))]
+pub(crate) mod slot_table;
 pub mod vmem;
 
 pub use cache::{CacheBox, CacheError, ObjectCache, TypedCache};

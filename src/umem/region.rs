@@ -155,7 +155,7 @@ use core::ptr::{self, NonNull};
 use super::os;
 use super::vmem::lock::Lock;
 use crate::refcount::{Config, RcHeader, RcRelease, Refcache};
-use crate::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use crate::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 use crate::util::AllocError;
 
 /// The size and alignment of a region: 2 MiB (64 KiB under loom, so that models map
@@ -321,9 +321,8 @@ struct Shared {
 
 /// A tag-word table ([`RegionsBuilder::tag_words`]): one word per page tag, null for
 /// "none"; an entry, once non-null, names something that outlives every run taken with
-/// its tag. Plain `core` atomics, also under loom: the table is a static of the global
-/// heap, which loom does not model.
-pub(crate) type TagWords = [core::sync::atomic::AtomicPtr<u8>; 256];
+/// its tag: the global heap's [`SlotTable`](super::slot_table::SlotTable) entries by tag.
+pub(crate) type TagWords = [AtomicPtr<u8>; 256];
 
 // SAFETY: the raw pointers in `Shared` point to regions and a registry mapped by the
 // manager, reached only under the manager's lock, from whichever thread holds it; nothing
@@ -403,6 +402,22 @@ struct Inner {
 }
 
 /// Counters of a [`Regions`] (each read on its own: a hint under concurrency).
+///
+/// ```
+/// use scalemem::refcount::Config;
+/// use scalemem::umem::region::{REGION_SIZE, Regions};
+///
+/// let regions = Regions::builder().refcache(Config::manual()).build()?;
+/// let cache = scalemem::umem::slab::SlabCache::builder(&regions, "c", 64, 8).build()?;
+/// let p = cache.alloc()?;
+/// let s = regions.stats();
+/// assert_eq!((s.runs, s.live_regions, s.maps), (1, 1, 1)); // one slab, one region
+/// // Every mapped region is active or retained.
+/// assert_eq!(s.mapped_bytes, (s.live_regions + s.retained_regions) * REGION_SIZE);
+/// // SAFETY: `p` came from this cache's `alloc` and is freed once.
+/// unsafe { cache.free(p) }.unwrap();
+/// # Ok::<(), scalemem::util::AllocError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct RegionStats {
@@ -433,6 +448,17 @@ pub struct RegionStats {
 /// The release callback of region headers.
 struct RegionRelease;
 
+/// The counted header of region `r`, projected from the region's pointer (not made
+/// from a reference to the field): its provenance covers the whole header, which
+/// [`RegionRelease::release`] reaches from it.
+///
+/// # Safety
+/// `r` is a mapped region header.
+unsafe fn rc_of(r: *mut RegionHeader) -> NonNull<RcHeader> {
+    // SAFETY: non-null: a mapped header (the caller's contract); no reference is made.
+    unsafe { NonNull::new_unchecked(&raw mut (*r).rc) }
+}
+
 impl RcRelease for RegionRelease {
     unsafe fn release(header: NonNull<RcHeader>) {
         let region = header.as_ptr().cast::<RegionHeader>();
@@ -461,9 +487,39 @@ pub struct RegionsBuilder {
     tag_words: Option<&'static TagWords>,
 }
 
+/// The builder's settings; [`build`](Self::build) makes the manager.
+///
+/// ```
+/// use scalemem::refcount::Config;
+/// use scalemem::umem::region::{REGION_SIZE, Regions};
+///
+/// // Ticked by hand, and nothing retained: a released region is unmapped.
+/// let regions = Regions::builder().refcache(Config::manual()).retain(0).build()?;
+/// let cache = scalemem::umem::slab::SlabCache::builder(&regions, "c", 64, 8).max_empty(0).build()?;
+/// let p = cache.alloc()?;
+/// // SAFETY: `p` came from this cache's `alloc` and is freed once.
+/// unsafe { cache.free(p) }.unwrap(); // the slab goes back: the region's count is zero
+/// for _ in 0..1000 {
+///     if regions.stats().releases == 1 {
+///         break;
+///     }
+///     regions.tick();
+/// }
+/// let s = regions.stats();
+/// assert_eq!((s.mapped_bytes, s.unmapped_bytes, s.retained_regions), (0, REGION_SIZE, 0));
+/// # Ok::<(), scalemem::util::AllocError>(())
+/// ```
 impl RegionsBuilder {
     /// The configuration of the manager's [`Refcache`] (default: [`Config::default`], a
     /// background ticker with 10 ms epochs).
+    ///
+    /// ```
+    /// use scalemem::refcount::Config;
+    /// let regions = scalemem::umem::region::Regions::builder().refcache(Config::manual()).build()?;
+    /// let epoch = regions.refcache().epoch();
+    /// assert_eq!(regions.tick(), epoch + 1); // no ticker thread: epochs move when ticked
+    /// # Ok::<(), scalemem::util::AllocError>(())
+    /// ```
     pub fn refcache(mut self, config: Config) -> Self {
         self.config = config;
         self
@@ -471,6 +527,27 @@ impl RegionsBuilder {
 
     /// How many released regions stay mapped (their pages given back with `madvise`)
     /// for reuse; more are unmapped. Default 4 (8 MiB of address space).
+    ///
+    /// ```
+    /// use scalemem::refcount::Config;
+    /// use scalemem::umem::region::{REGION_SIZE, Regions};
+    ///
+    /// let regions = Regions::builder().refcache(Config::manual()).retain(1).build()?;
+    /// let cache = scalemem::umem::slab::SlabCache::builder(&regions, "c", 64, 8).max_empty(0).build()?;
+    /// let p = cache.alloc()?;
+    /// // SAFETY: `p` came from this cache's `alloc` and is freed once.
+    /// unsafe { cache.free(p) }.unwrap(); // the slab goes back: the region's count is zero
+    /// for _ in 0..1000 {
+    ///     if regions.stats().releases == 1 {
+    ///         break;
+    ///     }
+    ///     regions.tick(); // two epochs later the region is released
+    /// }
+    /// let s = regions.stats();
+    /// assert_eq!((s.releases, s.live_regions, s.retained_regions), (1, 0, 1));
+    /// assert_eq!((s.mapped_bytes, s.unmapped_bytes), (REGION_SIZE, 0)); // kept mapped
+    /// # Ok::<(), scalemem::util::AllocError>(())
+    /// ```
     pub fn retain(mut self, regions: usize) -> Self {
         self.retain = regions;
         self
@@ -501,6 +578,20 @@ impl RegionsBuilder {
 
     /// Makes the manager: maps its state and starts its Refcache. Fails if the kernel
     /// refuses the memory or the ticker thread cannot start.
+    ///
+    /// ```
+    /// use scalemem::refcount::Config;
+    /// use scalemem::umem::region::{REGION_SIZE, Regions};
+    ///
+    /// let regions = Regions::builder().refcache(Config::manual()).build()?;
+    /// assert_eq!(regions.stats().mapped_bytes, 0); // regions are mapped on demand
+    /// let cache = scalemem::umem::slab::SlabCache::builder(&regions, "c", 64, 8).build()?;
+    /// let p = cache.alloc()?;
+    /// assert_eq!(regions.stats().mapped_bytes, REGION_SIZE);
+    /// // SAFETY: `p` came from this cache's `alloc` and is freed once.
+    /// unsafe { cache.free(p) }.unwrap();
+    /// # Ok::<(), scalemem::util::AllocError>(())
+    /// ```
     pub fn build(self) -> Result<Regions, AllocError> {
         let refcache = Refcache::with_config(self.config)?;
         let inner = os::map(size_of::<Inner>())?.cast::<Inner>();
@@ -534,6 +625,21 @@ impl RegionsBuilder {
 /// The region manager of one heap: maps regions, hands out runs of pages to slabs,
 /// counts each region's live slabs in its [`Refcache`] and gives regions back once their
 /// count has stayed zero for two epochs (see the module documentation).
+///
+/// ```
+/// use scalemem::refcount::Config;
+/// use scalemem::umem::region::Regions;
+///
+/// let mine = Regions::builder().refcache(Config::manual()).build()?;
+/// let other = Regions::builder().refcache(Config::manual()).build()?;
+/// let cache = scalemem::umem::slab::SlabCache::builder(&mine, "c", 32, 8).build()?;
+/// let p = cache.alloc()?;
+/// assert!(mine.lookup(p.as_ptr()).is_some());
+/// assert!(other.lookup(p.as_ptr()).is_none()); // another heap's pointer
+/// // SAFETY: `p` came from this cache's `alloc` and is freed once.
+/// unsafe { cache.free(p) }.unwrap();
+/// # Ok::<(), scalemem::util::AllocError>(())
+/// ```
 pub struct Regions {
     inner: NonNull<Inner>,
 }
@@ -553,6 +659,27 @@ impl core::fmt::Debug for Regions {
     }
 }
 
+/// Building, ticking, statistics, purging and checks.
+///
+/// ```
+/// use scalemem::refcount::Config;
+/// use scalemem::umem::region::Regions;
+/// use scalemem::umem::slab::SlabCache;
+///
+/// let regions = Regions::builder().refcache(Config::manual()).build()?;
+/// let small = SlabCache::builder(&regions, "small", 16, 8).build()?;
+/// let large = SlabCache::builder(&regions, "large", 8192, 8).build()?;
+/// let (p, q) = (small.alloc()?, large.alloc()?);
+/// let s = regions.stats();
+/// assert_eq!((s.runs, s.live_regions), (2, 1)); // two slabs' runs in one region
+/// regions.assert_valid();
+/// // SAFETY: each came from its cache's `alloc` and is freed once.
+/// unsafe {
+///     small.free(p).unwrap();
+///     large.free(q).unwrap();
+/// }
+/// # Ok::<(), scalemem::util::AllocError>(())
+/// ```
 impl Regions {
     /// A manager with the default builder settings.
     ///
@@ -566,6 +693,15 @@ impl Regions {
     }
 
     /// The builder: Refcache configuration and retention limit.
+    ///
+    /// ```
+    /// use scalemem::refcount::Config;
+    /// use scalemem::umem::region::{RegionStats, Regions};
+    ///
+    /// let regions = Regions::builder().refcache(Config::manual()).retain(0).build()?;
+    /// assert_eq!(regions.stats(), RegionStats::default()); // nothing mapped yet
+    /// # Ok::<(), scalemem::util::AllocError>(())
+    /// ```
     pub fn builder() -> RegionsBuilder {
         RegionsBuilder { config: Config::default(), retain: 4, registry: None, tag_words: None }
     }
@@ -576,6 +712,17 @@ impl Regions {
     }
 
     /// The Refcache that counts this manager's regions.
+    ///
+    /// ```
+    /// use scalemem::refcount::Config;
+    /// let regions = scalemem::umem::region::Regions::builder().refcache(Config::manual()).build()?;
+    /// let cache = scalemem::umem::slab::SlabCache::builder(&regions, "c", 64, 8).build()?;
+    /// let p = cache.alloc()?;
+    /// assert_eq!(regions.refcache().stats().live, 1); // the region is its one counted object
+    /// // SAFETY: `p` came from this cache's `alloc` and is freed once.
+    /// unsafe { cache.free(p) }.unwrap();
+    /// # Ok::<(), scalemem::util::AllocError>(())
+    /// ```
     pub fn refcache(&self) -> &Refcache {
         &self.inner().refcache
     }
@@ -735,7 +882,7 @@ impl Regions {
                     // SAFETY: `rc` is the region's registered header, valid while the region
                     // is on the active list (its release callback unlinks it under the lock
                     // we hold, so it has not returned).
-                    let rc = unsafe { NonNull::from(&(*r).rc) };
+                    let rc = unsafe { rc_of(r) };
                     if locked.slabs == 0 {
                         // SAFETY: as above: the callback cannot return while we hold the lock.
                         if !unsafe { inner.refcache.try_revive(rc) } {
@@ -764,7 +911,7 @@ impl Regions {
                 unsafe {
                     ptr::addr_of_mut!((*r).rc).write(RcHeader::new::<RegionRelease>());
                     (*r).locked.state = State::Active;
-                    inner.refcache.register(NonNull::from(&(*r).rc));
+                    inner.refcache.register(rc_of(r));
                     s.active.push(r);
                 }
                 let first = HEADER_PAGES;
@@ -812,7 +959,7 @@ impl Regions {
             locked.slabs -= 1;
             s.runs -= 1;
             // SAFETY: (1) we drop the reference the run held; the region is registered.
-            unsafe { inner.refcache.dec(NonNull::from(&(*r).rc)) };
+            unsafe { inner.refcache.dec(rc_of(r)) };
         });
     }
 
@@ -1277,10 +1424,10 @@ unsafe fn take_run(
     // SAFETY: the region is mapped; `first` is inside it.
     let base = unsafe { NonNull::new_unchecked((r as *mut u8).add(first * PAGE)) };
     let owner = init(base).as_ptr() as usize;
-    // Acquire: pairs with the Release store that published the entry: what it names is
-    // initialised before a reader of the page word (ordered after this run is handed
-    // out, see `page_word`) can follow it.
-    let word = s.tag_words.map_or(0, |t| t[usize::from(tag)].load(Ordering::Acquire) as usize);
+    // Acquire (inside): pairs with the Release store that published the entry: what it
+    // names is initialised before a reader of the page word (ordered after this run is
+    // handed out, see `page_word`) can follow it (`slot_table`'s protocol, point 3).
+    let word = s.tag_words.map_or(0, |t| super::slot_table::word_for_run(t, tag) as usize);
     // SAFETY: under the lock.
     let locked = unsafe { &mut (*r).locked };
     for page in first..first + pages {
@@ -1350,7 +1497,7 @@ fn map_region(s: &mut Shared, inner: &Inner) -> Result<*mut RegionHeader, AllocE
     unsafe {
         r.write(header);
         registry_set(s.registry, addr, true);
-        inner.refcache.register(NonNull::from(&(*r).rc));
+        inner.refcache.register(rc_of(r));
         s.active.push(r);
     }
     // Relaxed: statistics.
@@ -1502,7 +1649,6 @@ mod tests {
     /// own tag's.
     #[test]
     fn runs_carry_their_tags_word_from_the_table() {
-        use core::sync::atomic::AtomicPtr;
         static TABLE: TagWords = [const { AtomicPtr::new(ptr::null_mut()) }; 256];
         let mut a = 1u64;
         let mut b = 2u64;
