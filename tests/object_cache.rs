@@ -900,3 +900,25 @@ fn fork_while_threads_use_registered_caches() {
     }
     assert!(ctors.load(Relaxed) > 0);
 }
+
+/// A size or alignment the slab layer cannot serve is refused as such at creation (not
+/// as a lack of memory), before anything is mapped; the limits themselves are accepted.
+#[test]
+fn an_unservable_layout_is_refused_as_invalid() {
+    use scalemem::umem::region::PAGE;
+    use scalemem::umem::slab::MAX_SIZE;
+    let regions = manual(1);
+    for (size, align) in [(0, 8), (MAX_SIZE + 1, 8), (64, 3), (64, 0), (64, 2 * PAGE)] {
+        let err = ObjectCache::builder("bad", size, align).regions(regions).config(config()).build().unwrap_err();
+        assert_eq!(err, CacheError::InvalidLayout, "size {size}, alignment {align}");
+    }
+    assert_eq!(regions.stats().live_regions, 0, "a refused cache mapped a region");
+    for (size, align) in [(1, 1), (MAX_SIZE, 8), (64, PAGE)] {
+        let cache = ObjectCache::builder("limit", size, align).regions(regions).config(config()).build().unwrap();
+        let p = cache.alloc().unwrap();
+        assert_eq!(p.as_ptr() as usize % align, 0);
+        // SAFETY: from this cache, freed once.
+        unsafe { cache.free(p) }.unwrap();
+        cache.destroy();
+    }
+}

@@ -189,11 +189,29 @@ pub type Ctor = Box<dyn Fn(NonNull<u8>) -> Result<(), AllocError> + Send + Sync>
 pub type Dtor = Box<dyn Fn(NonNull<u8>) + Send + Sync>;
 
 /// Why an allocation failed. Every layer is unchanged.
+///
+/// ```
+/// use scalemem::umem::cache::{CacheError, Config, ObjectCache};
+/// use scalemem::util::AllocError;
+///
+/// assert_eq!(ObjectCache::new("empty", 0, 8, None, None).unwrap_err(), CacheError::InvalidLayout);
+/// assert_eq!(CacheError::InvalidLayout.to_string(), "invalid object size or alignment");
+/// let config = Config { reaper: false, ..Config::default() };
+/// let cache = ObjectCache::builder("picky", 16, 8).ctor(Box::new(|_| Err(AllocError))).config(config).build()?;
+/// assert_eq!(cache.alloc(), Err(CacheError::Constructor));
+/// cache.destroy();
+/// assert_eq!(cache.alloc(), Err(CacheError::Destroyed));
+/// assert_eq!(CacheError::Destroyed.to_string(), "the cache was destroyed");
+/// # Ok::<(), CacheError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CacheError {
-    /// The kernel refused memory (a slab, or the cache's own state at creation), or the
-    /// size or alignment cannot be served.
+    /// The kernel refused memory (a slab, or the cache's own state at creation).
     OutOfMemory,
+    /// At creation: a size of zero or above [`MAX_SIZE`], or an alignment that is not a
+    /// power of two or is above [`PAGE`].
+    InvalidLayout,
     /// The constructor failed.
     Constructor,
     /// The cache was destroyed.
@@ -204,6 +222,7 @@ impl fmt::Display for CacheError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::OutOfMemory => "out of memory",
+            Self::InvalidLayout => "invalid object size or alignment",
             Self::Constructor => "the constructor failed",
             Self::Destroyed => "the cache was destroyed",
         })
@@ -267,6 +286,23 @@ impl Default for Config {
 /// the slab lock and the regions lock each taken once, briefly (no reconfiguration, no
 /// stop of the fast paths). Exact when quiescent, a hint otherwise; `in_use` counts each
 /// full depot magazine at the current magazine size.
+///
+/// ```
+/// use scalemem::umem::cache::{Config, ObjectCache};
+///
+/// let config = Config { reaper: false, ..Config::default() };
+/// let cache = ObjectCache::builder("stats", 64, 8).config(config).build()?;
+/// let p = cache.alloc()?;
+/// let s = cache.stats();
+/// assert_eq!((s.size, s.in_use, s.constructed), (64, 1, 1));
+/// // SAFETY: from this cache, freed once.
+/// unsafe { cache.free(p) }.unwrap();
+/// let s = cache.stats(); // the object is cached (constructed) or back in its slab
+/// assert_eq!(s.in_use, 0);
+/// assert_eq!(s.ctor_calls - s.dtor_calls, s.constructed);
+/// assert_eq!(s.constructed, s.in_use + s.cpu_rounds + s.depot_full * s.magazine_size);
+/// # Ok::<(), scalemem::umem::cache::CacheError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CacheStats {
@@ -311,6 +347,21 @@ pub struct CacheStats {
 }
 
 /// Sums over every live cache, plus the default region manager (see [`global_stats`]).
+///
+/// ```
+/// use scalemem::umem::cache::{Config, ObjectCache, global_stats};
+///
+/// let config = Config { reaper: false, ..Config::default() };
+/// let cache = ObjectCache::builder("counted", 32, 8).config(config).build()?;
+/// let p = cache.alloc()?;
+/// let (g, mine) = (global_stats(), cache.stats().slab_bytes);
+/// assert!(g.caches >= 1 && g.in_use >= 1);
+/// assert!(g.slab_bytes >= mine && mine > 0);
+/// assert!(g.regions.mapped_bytes >= mine); // its slabs are in the default regions
+/// // SAFETY: from this cache, freed once.
+/// unsafe { cache.free(p) }.unwrap();
+/// # Ok::<(), scalemem::umem::cache::CacheError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct GlobalStats {
@@ -507,20 +558,104 @@ impl fmt::Debug for CacheBuilder {
     }
 }
 
+/// The options; each setter takes and returns the builder, so they chain.
+///
+/// ```
+/// use std::ptr::NonNull;
+/// use scalemem::umem::cache::{Config, ObjectCache};
+///
+/// let cache = ObjectCache::builder("pairs", 16, 8)
+///     .ctor(Box::new(|p: NonNull<u8>| {
+///         // SAFETY: the constructor gets 16 writable bytes aligned to 8.
+///         unsafe { p.cast::<[u64; 2]>().write([1, 2]) };
+///         Ok(())
+///     }))
+///     .dtor(Box::new(|_| {})) // nothing to end: plain integers
+///     .config(Config { reaper: false, ..Config::default() })
+///     .build()?;
+/// let p = cache.alloc()?;
+/// // SAFETY: a constructed [u64; 2].
+/// assert_eq!(unsafe { p.cast::<[u64; 2]>().read() }, [1, 2]);
+/// // SAFETY: from this cache, freed once.
+/// unsafe { cache.free(p) }.unwrap();
+/// cache.reap();
+/// let s = cache.stats();
+/// assert_eq!((s.ctor_calls, s.dtor_calls), (1, 1));
+/// # Ok::<(), scalemem::umem::cache::CacheError>(())
+/// ```
 impl CacheBuilder {
     /// The constructor (default: none, objects are raw memory).
+    ///
+    /// ```
+    /// use std::ptr::NonNull;
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use scalemem::umem::cache::{Config, ObjectCache};
+    ///
+    /// let made = Arc::new(AtomicUsize::new(0));
+    /// let counter = Arc::clone(&made);
+    /// let ctor = move |p: NonNull<u8>| {
+    ///     counter.fetch_add(1, Ordering::Relaxed);
+    ///     // SAFETY: the constructor gets 8 writable bytes aligned to 8.
+    ///     unsafe { p.cast::<u64>().write(42) };
+    ///     Ok(())
+    /// };
+    /// let config = Config { reaper: false, ..Config::default() };
+    /// let cache = ObjectCache::builder("answers", 8, 8).ctor(Box::new(ctor)).config(config).build()?;
+    /// let p = cache.alloc()?;
+    /// // SAFETY: a constructed u64.
+    /// assert_eq!(unsafe { p.cast::<u64>().read() }, 42);
+    /// assert_eq!(made.load(Ordering::Relaxed), 1);
+    /// // SAFETY: from this cache, freed once.
+    /// unsafe { cache.free(p) }.unwrap();
+    /// # Ok::<(), scalemem::umem::cache::CacheError>(())
+    /// ```
     pub fn ctor(mut self, ctor: Ctor) -> Self {
         self.ctor = Some(ctor);
         self
     }
 
     /// The destructor (default: none).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use scalemem::umem::cache::{Config, ObjectCache};
+    ///
+    /// let ended = Arc::new(AtomicUsize::new(0));
+    /// let counter = Arc::clone(&ended);
+    /// let dtor = move |_| {
+    ///     counter.fetch_add(1, Ordering::Relaxed);
+    /// };
+    /// let config = Config { reaper: false, ..Config::default() };
+    /// let cache = ObjectCache::builder("ended", 8, 8).dtor(Box::new(dtor)).config(config).build()?;
+    /// let p = cache.alloc()?;
+    /// // SAFETY: from this cache, freed once.
+    /// unsafe { cache.free(p) }.unwrap();
+    /// cache.reap(); // a cached object leaves the cache: its destructor runs
+    /// assert_eq!(ended.load(Ordering::Relaxed), 1);
+    /// assert_eq!(cache.stats().dtor_calls, 1);
+    /// # Ok::<(), scalemem::umem::cache::CacheError>(())
+    /// ```
     pub fn dtor(mut self, dtor: Dtor) -> Self {
         self.dtor = Some(dtor);
         self
     }
 
     /// The configuration (default: [`Config::default`]).
+    ///
+    /// ```
+    /// use scalemem::umem::cache::{Config, ObjectCache};
+    ///
+    /// let config = Config { checking: true, reaper: false, ..Config::default() };
+    /// let cache = ObjectCache::builder("checked", 32, 8).config(config).build()?;
+    /// let p = cache.alloc()?;
+    /// // SAFETY: from this cache, freed once; no constructor: raw memory.
+    /// unsafe { cache.free(p) }.unwrap();
+    /// // SAFETY: in checking mode a double free is refused, not undefined.
+    /// assert!(unsafe { cache.free(p) }.is_err());
+    /// # Ok::<(), scalemem::umem::cache::CacheError>(())
+    /// ```
     pub fn config(mut self, config: Config) -> Self {
         self.config = config;
         self
@@ -528,6 +663,27 @@ impl CacheBuilder {
 
     /// The region manager (default: the process-wide one, made on first use and never
     /// dropped).
+    ///
+    /// ```
+    /// use std::sync::OnceLock;
+    /// use scalemem::umem::cache::{Config, ObjectCache};
+    /// use scalemem::umem::region::Regions;
+    ///
+    /// // A manager of our own, ticked by hand.
+    /// static REGIONS: OnceLock<Regions> = OnceLock::new();
+    /// let regions = REGIONS.get_or_init(|| {
+    ///     Regions::builder().refcache(scalemem::refcount::Config::manual()).build().unwrap()
+    /// });
+    /// let config = Config { reaper: false, ..Config::default() };
+    /// let cache = ObjectCache::builder("mine", 64, 8).regions(regions).config(config).build()?;
+    /// let p = cache.alloc()?;
+    /// assert_eq!(regions.stats().runs, 1); // the cache's slab came from `regions`
+    /// // SAFETY: from this cache, freed once.
+    /// unsafe { cache.free(p) }.unwrap();
+    /// cache.reap();
+    /// assert_eq!(regions.stats().runs, 0);
+    /// # Ok::<(), scalemem::umem::cache::CacheError>(())
+    /// ```
     pub fn regions(mut self, regions: &'static Regions) -> Self {
         self.regions = Some(regions);
         self
@@ -573,10 +729,23 @@ impl CacheBuilder {
 
     /// Makes the cache. Fails for a size of zero or above [`MAX_SIZE`], an alignment
     /// that is not a power of two or is above [`PAGE`], or if the kernel refuses memory.
+    ///
+    /// ```
+    /// use scalemem::umem::cache::{CacheError, Config, ObjectCache};
+    ///
+    /// assert_eq!(ObjectCache::builder("odd", 64, 3).build().unwrap_err(), CacheError::InvalidLayout);
+    /// let config = Config { reaper: false, ..Config::default() };
+    /// let cache = ObjectCache::builder("lines", 64, 64).config(config).build()?;
+    /// let p = cache.alloc()?;
+    /// assert_eq!(p.as_ptr() as usize % 64, 0);
+    /// // SAFETY: from this cache, freed once.
+    /// unsafe { cache.free(p) }.unwrap();
+    /// # Ok::<(), CacheError>(())
+    /// ```
     pub fn build(self) -> Result<ObjectCache, CacheError> {
         let Self { name, size, align, ctor, dtor, config, regions, registered, page_tag, colour_room } = self;
         if size == 0 || size > MAX_SIZE || !align.is_power_of_two() || align > PAGE {
-            return Err(CacheError::OutOfMemory);
+            return Err(CacheError::InvalidLayout);
         }
         let regions = match regions {
             Some(regions) => regions,
@@ -648,6 +817,22 @@ fn default_regions() -> Result<&'static Regions, AllocError> {
     Err(AllocError)
 }
 
+/// Making a cache, allocating and freeing, and giving memory back.
+///
+/// ```
+/// use scalemem::umem::cache::{Config, ObjectCache};
+///
+/// let config = Config { reaper: false, ..Config::default() };
+/// let cache = ObjectCache::builder("tour", 128, 16).config(config).build()?;
+/// let p = cache.alloc()?;
+/// // SAFETY: from this cache, freed once.
+/// unsafe { cache.free(p) }.unwrap();
+/// cache.reap(); // magazines drained, empty slabs given back
+/// let s = cache.stats();
+/// assert_eq!((s.in_use, s.constructed, s.slabs), (0, 0, 0));
+/// cache.assert_valid();
+/// # Ok::<(), scalemem::umem::cache::CacheError>(())
+/// ```
 impl ObjectCache {
     /// libumem's `umem_cache_create`: a cache of `size`-byte objects aligned to `align`
     /// over the process-wide region manager, with the default [`Config`] (the
@@ -679,12 +864,19 @@ impl ObjectCache {
     /// ```
     /// use scalemem::umem::cache::{Config, ObjectCache};
     /// use scalemem::umem::region::Regions;
-    /// let regions: &'static Regions = Box::leak(Box::new(
-    ///     Regions::builder().refcache(scalemem::refcount::Config::manual()).build()?,
-    /// ));
+    /// use std::sync::OnceLock;
+    ///
+    /// // The manager must outlive every cache over it: a static.
+    /// static REGIONS: OnceLock<Regions> = OnceLock::new();
+    /// let regions = REGIONS.get_or_init(|| {
+    ///     Regions::builder().refcache(scalemem::refcount::Config::manual()).build().unwrap()
+    /// });
     /// let config = Config { reaper: false, ..Config::default() };
     /// let cache = ObjectCache::new_in(regions, "mine", 64, 64, None, None, config)?;
-    /// assert_eq!(cache.alloc()?.as_ptr() as usize % 64, 0);
+    /// let p = cache.alloc()?;
+    /// assert_eq!(p.as_ptr() as usize % 64, 0);
+    /// // SAFETY: from this cache, freed once.
+    /// unsafe { cache.free(p) }?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn new_in(
@@ -703,6 +895,17 @@ impl ObjectCache {
     }
 
     /// A builder, for the options [`new`](Self::new) does not take.
+    ///
+    /// ```
+    /// use scalemem::umem::cache::{Config, ObjectCache};
+    /// use scalemem::umem::cpu_cache;
+    ///
+    /// let magazines = cpu_cache::Config { initial_rounds: 4, ..cpu_cache::Config::default() };
+    /// let config = Config { magazines, reaper: false, ..Config::default() };
+    /// let cache = ObjectCache::builder("small-mags", 48, 8).config(config).build()?;
+    /// assert_eq!((cache.stats().size, cache.stats().magazine_size), (48, 4));
+    /// # Ok::<(), scalemem::umem::cache::CacheError>(())
+    /// ```
     pub fn builder(name: &'static str, size: usize, align: usize) -> CacheBuilder {
         CacheBuilder {
             name,
@@ -841,6 +1044,7 @@ impl ObjectCache {
     /// let cache = scalemem::umem::cache::ObjectCache::new("s", 64, 8, None, None)?;
     /// let p = cache.alloc()?;
     /// assert_eq!(cache.stats().in_use, 1);
+    /// # // SAFETY: from this cache, freed once.
     /// # unsafe { cache.free(p) }.unwrap();
     /// # Ok::<(), scalemem::umem::cache::CacheError>(())
     /// ```
@@ -1435,6 +1639,7 @@ pub(crate) unsafe fn fork_unlock_registered() {
 /// let cache = scalemem::umem::cache::ObjectCache::new("g", 40, 8, None, None)?;
 /// let p = cache.alloc()?;
 /// assert!(scalemem::umem::cache::global_stats().in_use >= 1);
+/// # // SAFETY: from this cache, freed once.
 /// # unsafe { cache.free(p) }.unwrap();
 /// # Ok::<(), scalemem::umem::cache::CacheError>(())
 /// ```
