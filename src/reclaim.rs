@@ -43,6 +43,51 @@ use crate::sync::atomic::{AtomicPtr, Ordering};
 /// is not reclaimed while a [`Shield`] of the same scheme returned its address from a
 /// `protect` that loaded it before the object was unlinked, and that shield has not
 /// since been reset, reused for another `protect`, or dropped.
+///
+/// ```
+/// use core::ptr::{self, NonNull};
+/// use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::SeqCst};
+/// use scalemem::epoch::Retired;
+/// use scalemem::reclaim::{Ebr, Hazard, Reclaim, Shield};
+///
+/// #[repr(C)]
+/// struct Node {
+///     link: Retired, // first field, so a *Retired is a *Node
+///     value: u32,
+/// }
+/// static FREED: AtomicUsize = AtomicUsize::new(0);
+/// unsafe fn free_node(link: NonNull<Retired>) {
+///     // SAFETY: every link retired below is the first field of a boxed Node.
+///     drop(unsafe { Box::from_raw(link.cast::<Node>().as_ptr()) });
+///     FREED.fetch_add(1, SeqCst);
+/// }
+///
+/// /// Takes the node out of `slot`: reads it under a shield, unlinks it and retires it.
+/// fn take<R: Reclaim>(scheme: &R, slot: &AtomicPtr<Node>) -> u32 {
+///     let mut shield = scheme.shield();
+///     // SAFETY: the nodes in `slot` stay valid until unlinked and retired through `scheme`.
+///     let node = unsafe { shield.protect(slot) };
+///     // SAFETY: protected by `shield`.
+///     let value = unsafe { (*node).value };
+///     slot.store(ptr::null_mut(), SeqCst); // the unlink (one thread here: no CAS needed)
+///     // SAFETY: (1) unlinked, and never linked again; (2) the link is the node's first
+///     // field, and the node is retired once; (3) free_node frees a boxed Node from its
+///     // link, on any thread.
+///     unsafe { scheme.retire(node, NonNull::new(node).unwrap().cast(), free_node) };
+///     value
+/// }
+///
+/// let slot = |value| AtomicPtr::new(Box::into_raw(Box::new(Node { link: Retired::new(), value })));
+/// assert_eq!(take(&Ebr, &slot(1)), 1);
+/// assert_eq!(take(&Hazard, &slot(2)), 2);
+/// let mut flushes = 0;
+/// while FREED.load(SeqCst) < 2 {
+///     Ebr.flush();
+///     Hazard.flush();
+///     flushes += 1;
+///     assert!(flushes < 100, "never reclaimed");
+/// }
+/// ```
 pub unsafe trait Reclaim: Sync {
     /// Protection for one pointer at a time.
     type Shield<'r>: Shield
@@ -50,6 +95,21 @@ pub unsafe trait Reclaim: Sync {
         Self: 'r;
 
     /// A shield, protecting nothing yet.
+    ///
+    /// ```
+    /// use std::sync::atomic::AtomicPtr;
+    /// use scalemem::reclaim::{Ebr, Hazard, Reclaim, Shield};
+    ///
+    /// fn read<R: Reclaim>(scheme: &R, slot: &AtomicPtr<u64>) -> u64 {
+    ///     let mut shield = scheme.shield();
+    ///     // SAFETY: `slot` points to a local that outlives it and is never retired.
+    ///     unsafe { *shield.protect(slot) }
+    /// }
+    /// let mut value = 7;
+    /// let slot = AtomicPtr::new(&mut value);
+    /// assert_eq!(read(&Ebr, &slot), 7);
+    /// assert_eq!(read(&Hazard, &slot), 7);
+    /// ```
     fn shield(&self) -> Self::Shield<'_>;
 
     /// Hands an unlinked object to the scheme; `reclaim` runs once no shield can hold it.
@@ -60,13 +120,73 @@ pub unsafe trait Reclaim: Sync {
     /// 2. `link` is embedded in the object, untouched by others until `reclaim` runs; the
     ///    object is retired once.
     /// 3. `reclaim` frees the object from its link, and may run on any thread.
+    ///
+    /// ```
+    /// use core::ptr::NonNull;
+    /// use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    /// use scalemem::epoch::Retired;
+    /// use scalemem::reclaim::{Ebr, Hazard, Reclaim};
+    ///
+    /// static FREED: AtomicUsize = AtomicUsize::new(0);
+    /// unsafe fn free(link: NonNull<Retired>) {
+    ///     // SAFETY: every link retired below is a boxed object of its own.
+    ///     drop(unsafe { Box::from_raw(link.as_ptr()) });
+    ///     FREED.fetch_add(1, SeqCst);
+    /// }
+    ///
+    /// /// Retires a fresh object, then flushes until it is freed: how many flushes it took.
+    /// fn retire_one<R: Reclaim>(scheme: &R) -> usize {
+    ///     let object = Box::into_raw(Box::new(Retired::new())); // an object that is all link
+    ///     let before = FREED.load(SeqCst);
+    ///     // SAFETY: (1) never linked anywhere; (2) the link is the object, retired once;
+    ///     // (3) `free` frees it from its link, on any thread.
+    ///     unsafe { scheme.retire(object, NonNull::new(object).unwrap(), free) };
+    ///     let mut flushes = 0;
+    ///     while FREED.load(SeqCst) == before {
+    ///         scheme.flush();
+    ///         flushes += 1;
+    ///         assert!(flushes < 100, "never reclaimed");
+    ///     }
+    ///     flushes
+    /// }
+    /// assert_eq!(retire_one(&Hazard), 1); // one scan frees what no hazard pointer holds
+    /// assert!(retire_one(&Ebr) >= 1); // the epoch must advance twice first
+    /// ```
     unsafe fn retire<T>(&self, object: *mut T, link: NonNull<Retired>, reclaim: ReclaimFn);
 
     /// Drives reclamation now (tests and models): an epoch flush, or a hazard scan.
+    ///
+    /// ```
+    /// use scalemem::ds::TreiberStack;
+    /// use scalemem::reclaim::Reclaim;
+    ///
+    /// let domain = scalemem::unique_domain!();
+    /// let stack = TreiberStack::new_in(&domain);
+    /// stack.push(1);
+    /// assert_eq!(stack.pop(), Some(1)); // its node is retired, not freed yet
+    /// assert_eq!(domain.stats().retired, 1);
+    /// domain.flush(); // a scan: no hazard pointer holds the node
+    /// assert_eq!((domain.stats().retired, domain.stats().reclaimed), (0, 1));
+    /// ```
     fn flush(&self);
 }
 
 /// Protection for one pointer: see [`Reclaim`].
+///
+/// ```
+/// use std::sync::atomic::AtomicPtr;
+/// use scalemem::reclaim::{Ebr, Hazard, Reclaim, Shield};
+///
+/// /// Adds what two slots point to, holding one shield per pointer.
+/// fn sum(mut a: impl Shield, mut b: impl Shield, x: &AtomicPtr<u64>, y: &AtomicPtr<u64>) -> u64 {
+///     // SAFETY: the slots point to locals that outlive them and are never retired.
+///     unsafe { *a.protect(x) + *b.protect(y) }
+/// }
+/// let (mut one, mut two) = (1, 2);
+/// let (x, y) = (AtomicPtr::new(&mut one), AtomicPtr::new(&mut two));
+/// assert_eq!(sum(Ebr.shield(), Ebr.shield(), &x, &y), 3);
+/// assert_eq!(sum(Hazard.shield(), Hazard.shield(), &x, &y), 3);
+/// ```
 pub trait Shield {
     /// Loads `src` and protects what it points to; the result stays dereferenceable until
     /// this shield is reset, reused or dropped.
@@ -74,6 +194,30 @@ pub trait Shield {
     /// # Safety
     /// Every non-null pointer in `src` is valid until it is unlinked and retired through
     /// this shield's scheme.
+    ///
+    /// ```
+    /// use core::ptr;
+    /// use std::sync::atomic::{AtomicPtr, Ordering::SeqCst};
+    /// use scalemem::hazard::drop_box;
+    /// use scalemem::reclaim::{Reclaim, Shield};
+    ///
+    /// let domain = scalemem::unique_domain!();
+    /// let slot = AtomicPtr::new(Box::into_raw(Box::new(7u64)));
+    /// let mut shield = domain.shield();
+    /// // SAFETY: the box in `slot` stays valid until unlinked and retired to `domain`.
+    /// let p = unsafe { Shield::protect(&mut shield, &slot) };
+    /// let old = slot.swap(ptr::null_mut(), SeqCst);
+    /// // SAFETY: (1) unlinked, and never linked again; (2) retired once, valid until then;
+    /// // (3) drop_box frees a Box, on any thread.
+    /// unsafe { domain.retire_ptr(old, drop_box) };
+    /// domain.flush(); // retired and scanned, but protected:
+    /// // SAFETY: `shield` still protects `p`.
+    /// assert_eq!(unsafe { *p }, 7);
+    /// assert_eq!(domain.stats().reclaimed, 0);
+    /// drop(shield);
+    /// domain.flush();
+    /// assert_eq!(domain.stats().reclaimed, 1);
+    /// ```
     unsafe fn protect<T>(&mut self, src: &AtomicPtr<T>) -> *mut T;
 
     /// Like [`protect`](Shield::protect) for pointers with tag bits in `mask`: protects
@@ -81,17 +225,79 @@ pub trait Shield {
     ///
     /// # Safety
     /// As for [`protect`](Shield::protect).
+    ///
+    /// ```
+    /// use std::sync::atomic::AtomicPtr;
+    /// use scalemem::reclaim::{Ebr, Hazard, Reclaim, Shield};
+    ///
+    /// /// Reads through a pointer whose low bit is a mark: the value and the mark.
+    /// fn read(mut shield: impl Shield, slot: &AtomicPtr<u64>) -> (u64, usize) {
+    ///     // SAFETY: `slot` points to a local that outlives it and is never retired.
+    ///     let word = unsafe { shield.protect_masked(slot, 1) };
+    ///     // SAFETY: the untagged address is protected by `shield`.
+    ///     (unsafe { *word.map_addr(|a| a & !1) }, word.addr() & 1)
+    /// }
+    /// let mut value = 5u64;
+    /// let slot = AtomicPtr::new((&raw mut value).map_addr(|a| a | 1)); // marked
+    /// assert_eq!(read(Ebr.shield(), &slot), (5, 1));
+    /// assert_eq!(read(Hazard.shield(), &slot), (5, 1));
+    /// ```
     unsafe fn protect_masked<T>(&mut self, src: &AtomicPtr<T>, mask: usize) -> *mut T;
 
     /// Gives up the protection (under EBR: nothing until the shield is dropped).
+    ///
+    /// ```
+    /// use core::ptr;
+    /// use std::sync::atomic::{AtomicPtr, Ordering::SeqCst};
+    /// use scalemem::hazard::drop_box;
+    /// use scalemem::reclaim::{Ebr, Reclaim, Shield};
+    ///
+    /// // A hazard pointer that is reset no longer holds back its object.
+    /// let domain = scalemem::unique_domain!();
+    /// let slot = AtomicPtr::new(Box::into_raw(Box::new(1u64)));
+    /// let mut shield = domain.shield();
+    /// // SAFETY: the box in `slot` stays valid until unlinked and retired to `domain`.
+    /// let _ = unsafe { Shield::protect(&mut shield, &slot) };
+    /// let old = slot.swap(ptr::null_mut(), SeqCst);
+    /// // SAFETY: (1) unlinked, and never linked again; (2) retired once, valid until then;
+    /// // (3) drop_box frees a Box, on any thread.
+    /// unsafe { domain.retire_ptr(old, drop_box) };
+    /// domain.flush();
+    /// assert_eq!(domain.stats().reclaimed, 0);
+    /// Shield::reset(&mut shield);
+    /// domain.flush();
+    /// assert_eq!(domain.stats().reclaimed, 1);
+    /// // An EBR shield is a pin, which only dropping it ends.
+    /// let mut pin = Ebr.shield();
+    /// pin.reset();
+    /// assert!(scalemem::epoch::is_pinned());
+    /// ```
     fn reset(&mut self);
 }
 
 /// Epoch-based reclamation through the default collector ([`epoch::pin`]).
+///
+/// ```
+/// use scalemem::reclaim::{Ebr, Reclaim};
+///
+/// let collector = scalemem::epoch::default_collector();
+/// let before = collector.advances();
+/// Ebr.flush(); // no other thread is pinned: the default collector's epoch advances
+/// assert!(collector.advances() > before);
+/// ```
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Ebr;
 
 /// A pin of the default collector, as a [`Shield`].
+///
+/// ```
+/// use scalemem::reclaim::{Ebr, Reclaim};
+///
+/// let shield = Ebr.shield();
+/// assert!(scalemem::epoch::is_pinned());
+/// drop(shield);
+/// assert!(!scalemem::epoch::is_pinned());
+/// ```
 #[derive(Debug)]
 pub struct EbrShield {
     _pin: epoch::Guard,
@@ -139,6 +345,19 @@ unsafe impl Reclaim for Ebr {
 }
 
 /// Hazard pointers of the global domain ([`Domain::global`]).
+///
+/// ```
+/// use scalemem::ds::TreiberStack;
+/// use scalemem::hazard::Domain;
+/// use scalemem::reclaim::{Hazard, Reclaim};
+///
+/// let stack = TreiberStack::<u64, Hazard>::new();
+/// stack.push(1);
+/// assert_eq!(stack.pop(), Some(1)); // its node is retired to the global domain
+/// let before = Domain::global().stats().reclaimed;
+/// Hazard.flush(); // a scan of the global domain: nothing protects the node
+/// assert_eq!(Domain::global().stats().reclaimed, before + 1);
+/// ```
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Hazard;
 

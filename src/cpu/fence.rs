@@ -59,6 +59,17 @@ static REGISTERED: AtomicBool = AtomicBool::new(false);
 static REGISTERED_RSEQ: AtomicBool = AtomicBool::new(false);
 
 /// The mode fences are running in.
+///
+/// ```
+/// use scalemem::cpu::fence::{self, Mode};
+/// match fence::mode() {
+///     // Asymmetric fences exist only where membarrier registration succeeded.
+///     Mode::Asymmetric => assert!(fence::membarrier_registered()),
+///     Mode::Symmetric => {}
+/// }
+/// fence::use_symmetric();
+/// assert_eq!(fence::mode(), Mode::Symmetric); // and it never switches back
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// `light` is a compiler fence, `heavy` a membarrier.

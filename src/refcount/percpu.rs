@@ -125,6 +125,16 @@ const BIAS: usize = 1 << (usize::BITS - 1);
 const SEALED: usize = 1;
 
 /// How a ref starts.
+///
+/// ```
+/// use scalemem::refcount::{Init, PercpuRef};
+/// assert_eq!(Init::default(), Init::PerCpu);
+/// let r = PercpuRef::with_init(|| {}, Init::Atomic).unwrap();
+/// assert!(!r.is_percpu() && r.tryget_live()); // alive, but counted atomically
+/// r.put();
+/// r.switch_to_percpu();
+/// assert!(r.is_percpu());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Init {
     /// Per-CPU mode, holding the initial reference (Linux's default).
@@ -594,6 +604,24 @@ pub struct PercpuRef<F: Fn() + Send + Sync = fn()> {
     release: F,
 }
 
+/// The owner's side (creation, [`kill`](Self::kill), the switches) and the users' side
+/// (gets and puts) of a ref.
+///
+/// ```
+/// use scalemem::refcount::PercpuRef;
+/// use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+///
+/// let releases = AtomicUsize::new(0);
+/// let r = PercpuRef::new(|| {
+///     releases.fetch_add(1, SeqCst);
+/// })
+/// .unwrap();
+/// r.get_many(2); // users, on whichever CPUs they run
+/// r.kill(); // the owner: atomic mode from now on, and no new users
+/// assert!(!r.is_percpu() && !r.tryget_live());
+/// r.put_many(2); // the last users leave
+/// assert_eq!(releases.load(SeqCst), 1);
+/// ```
 impl<F: Fn() + Send + Sync> PercpuRef<F> {
     /// A ref in per-CPU mode holding the initial reference; `release` runs when the count
     /// reaches zero. Fails only if the kernel refuses the memory for the per-CPU slots.
@@ -623,12 +651,27 @@ impl<F: Fn() + Send + Sync> PercpuRef<F> {
     /// Takes a reference. The caller must already hold one (or know the count cannot be
     /// zero); use [`tryget`](Self::tryget) or [`tryget_live`](Self::tryget_live)
     /// otherwise.
+    ///
+    /// ```
+    /// let r = scalemem::refcount::PercpuRef::new(|| {}).unwrap();
+    /// r.get(); // we hold the initial reference, so the count is not zero
+    /// assert_eq!(r.count(), 2);
+    /// r.put();
+    /// ```
     #[inline]
     pub fn get(&self) {
         self.raw.get_many(1);
     }
 
     /// Takes `n` references at once (`n < 2^62`).
+    ///
+    /// ```
+    /// let r = scalemem::refcount::PercpuRef::new(|| {}).unwrap();
+    /// r.get_many(5);
+    /// r.switch_to_atomic_sync(); // the per-CPU parts are summed into one count
+    /// assert_eq!(r.count(), 6);
+    /// r.put_many(5);
+    /// ```
     #[inline]
     pub fn get_many(&self, n: usize) {
         self.raw.get_many(n);
@@ -667,12 +710,36 @@ impl<F: Fn() + Send + Sync> PercpuRef<F> {
     }
 
     /// Drops a reference; runs `release` if it was the last.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    /// let released = AtomicBool::new(false);
+    /// let r = scalemem::refcount::PercpuRef::new(|| released.store(true, SeqCst)).unwrap();
+    /// r.get();
+    /// r.kill();
+    /// assert!(!released.load(SeqCst));
+    /// r.put(); // the last reference
+    /// assert!(released.load(SeqCst) && r.is_zero());
+    /// ```
     #[inline]
     pub fn put(&self) {
         self.put_many(1);
     }
 
     /// Drops `n` references at once (`n < 2^62`); runs `release` if they were the last.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    /// let released = AtomicBool::new(false);
+    /// let r = scalemem::refcount::PercpuRef::new(|| released.store(true, SeqCst)).unwrap();
+    /// r.get_many(3);
+    /// r.put_many(3); // per-CPU: the count cannot reach zero here
+    /// assert_eq!(r.count(), 1);
+    /// r.get_many(3);
+    /// r.kill();
+    /// r.put_many(3);
+    /// assert!(released.load(SeqCst));
+    /// ```
     #[inline]
     pub fn put_many(&self, n: usize) {
         if self.raw.put_many(n) {
@@ -764,6 +831,16 @@ impl<F: Fn() + Send + Sync> PercpuRef<F> {
     /// Allows per-CPU mode again and switches to it, unless the ref is dead (then it
     /// switches when [`resurrect`](Self::resurrect)ed or [`reinit`](Self::reinit)ed) or its
     /// count has reached zero (a released ref stays atomic). Cheap: no fence.
+    ///
+    /// ```
+    /// use scalemem::refcount::{Init, PercpuRef};
+    /// let r = PercpuRef::with_init(|| {}, Init::Atomic).unwrap();
+    /// r.switch_to_percpu();
+    /// assert!(r.is_percpu());
+    /// r.kill();
+    /// r.switch_to_percpu(); // dead (and released): stays atomic
+    /// assert!(!r.is_percpu() && r.is_zero());
+    /// ```
     pub fn switch_to_percpu(&self) {
         self.raw.switch_to_percpu();
     }
@@ -806,16 +883,42 @@ impl<F: Fn() + Send + Sync> PercpuRef<F> {
     }
 
     /// Whether the count has reached zero (always `false` in per-CPU mode).
+    ///
+    /// ```
+    /// let r = scalemem::refcount::PercpuRef::new(|| {}).unwrap();
+    /// r.get();
+    /// r.kill();
+    /// assert!(!r.is_zero()); // our reference is still held
+    /// r.put();
+    /// assert!(r.is_zero());
+    /// ```
     pub fn is_zero(&self) -> bool {
         self.raw.is_zero()
     }
 
     /// Whether the ref has been killed (and not resurrected).
+    ///
+    /// ```
+    /// let r = scalemem::refcount::PercpuRef::new(|| {}).unwrap();
+    /// r.get();
+    /// r.kill();
+    /// assert!(r.is_dying());
+    /// assert!(r.resurrect());
+    /// assert!(!r.is_dying());
+    /// r.put();
+    /// ```
     pub fn is_dying(&self) -> bool {
         self.raw.is_dying()
     }
 
     /// Whether the ref is in per-CPU mode now (a hint: a switch may be racing).
+    ///
+    /// ```
+    /// let r = scalemem::refcount::PercpuRef::new(|| {}).unwrap();
+    /// assert!(r.is_percpu());
+    /// r.switch_to_atomic_sync();
+    /// assert!(!r.is_percpu());
+    /// ```
     pub fn is_percpu(&self) -> bool {
         self.raw.is_percpu()
     }
@@ -835,6 +938,16 @@ impl<F: Fn() + Send + Sync> PercpuRef<F> {
 
     /// Checks the invariants that hold while no operation runs concurrently (panics if
     /// one is broken): for tests, models and stress runs.
+    ///
+    /// ```
+    /// let r = scalemem::refcount::PercpuRef::new(|| {}).unwrap();
+    /// r.get_many(2);
+    /// r.assert_valid(); // per-CPU: unsealed slots, a biased count
+    /// r.kill();
+    /// r.assert_valid(); // atomic: sealed slots, no per-CPU part left
+    /// r.put_many(2);
+    /// assert!(r.is_zero());
+    /// ```
     pub fn assert_valid(&self) {
         self.raw.assert_valid();
     }

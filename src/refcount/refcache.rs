@@ -160,6 +160,17 @@ const WAY_BITS: u32 = WAYS.trailing_zeros();
 const LOCAL_TOKEN: usize = 1;
 
 /// How a [`Refcache`] runs.
+///
+/// ```
+/// use core::time::Duration;
+/// use scalemem::refcount::{Config, Refcache};
+///
+/// // The paper's 10 ms epochs, advanced by a background thread:
+/// assert_eq!(Config::default(), Config { epoch: Duration::from_millis(10), background: true });
+/// // Shorter epochs, for objects that should not wait long once unreferenced:
+/// let cache = Refcache::with_config(Config { epoch: Duration::from_millis(1), ..Config::default() }).unwrap();
+/// assert_eq!(*cache.alloc(42), 42);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
     /// How often the background ticker tries to advance the epoch (the paper's 10 ms).
@@ -176,6 +187,12 @@ impl Default for Config {
     }
 }
 
+/// Presets besides [`Config::default`].
+///
+/// ```
+/// use scalemem::refcount::Config;
+/// assert_eq!(Config::manual(), Config { background: false, ..Config::default() });
+/// ```
 impl Config {
     /// No background thread: epochs advance only through [`Refcache::tick`] (tests,
     /// callers that have their own periodic hook).
@@ -739,6 +756,21 @@ impl Drop for Domain {
 }
 
 /// Counters of a [`Refcache`], for tests and monitoring.
+///
+/// ```
+/// use scalemem::refcount::{Config, Refcache};
+///
+/// let cache = Refcache::with_config(Config::manual()).unwrap();
+/// let r = cache.alloc("x");
+/// let stats = cache.stats();
+/// assert_eq!((stats.live, stats.pending, stats.freed), (1, 0, 0));
+/// drop(r);
+/// for _ in 0..8 {
+///     cache.tick(); // flush the caches, then review once the count stayed zero
+/// }
+/// let stats = cache.stats();
+/// assert_eq!((stats.live, stats.pending, stats.freed), (0, 0, 1));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RefcacheStats {
@@ -793,14 +825,59 @@ pub struct Refcache {
     ticker: Option<std::thread::JoinHandle<()>>,
 }
 
+/// Making a domain, allocating counted objects in it, and driving and watching its
+/// epochs.
+///
+/// ```
+/// use scalemem::refcount::{Config, Refcache};
+///
+/// let cache = Refcache::with_config(Config::manual()).unwrap();
+/// let a = cache.alloc(1);
+/// let b = a.clone();
+/// drop(a);
+/// for _ in 0..8 {
+///     cache.tick();
+/// }
+/// assert_eq!((*b, cache.stats().freed), (1, 0)); // `b` keeps the object alive
+/// ```
 impl Refcache {
     /// A domain with the default [`Config`] (10 ms epochs, background ticker). Fails if
     /// the kernel refuses the memory for the caches or the ticker thread cannot start.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    /// static DROPPED: AtomicBool = AtomicBool::new(false);
+    /// struct Noisy;
+    /// impl Drop for Noisy {
+    ///     fn drop(&mut self) {
+    ///         DROPPED.store(true, SeqCst);
+    ///     }
+    /// }
+    ///
+    /// let cache = scalemem::refcount::Refcache::new().unwrap();
+    /// drop(cache.alloc(Noisy)); // freed by the ticker within a few epochs,
+    /// drop(cache); // or at the latest when the domain goes
+    /// assert!(DROPPED.load(SeqCst));
+    /// ```
     pub fn new() -> Result<Self, AllocError> {
         Self::with_config(Config::default())
     }
 
     /// A domain with `config`. Under loom there is never a background thread.
+    ///
+    /// ```
+    /// use scalemem::refcount::{Config, Refcache};
+    ///
+    /// let cache = Refcache::with_config(Config::manual()).unwrap();
+    /// drop(cache.alloc([0u8; 64]));
+    /// assert_eq!(cache.stats().freed, 0); // no ticker: nothing is freed until we tick
+    /// let mut ticks = 0;
+    /// while cache.stats().freed == 0 {
+    ///     cache.tick();
+    ///     ticks += 1;
+    ///     assert!(ticks <= 8, "never freed");
+    /// }
+    /// ```
     pub fn with_config(config: Config) -> Result<Self, AllocError> {
         let domain = Box::new(Domain::new()?);
         #[cfg(not(scalemem_loom))]
@@ -833,6 +910,14 @@ impl Refcache {
 
     /// Moves `value` to the heap behind a counted header and returns the first reference.
     /// Allocates (through `Box`); the reference operations never do.
+    ///
+    /// ```
+    /// let cache = scalemem::refcount::Refcache::with_config(scalemem::refcount::Config::manual()).unwrap();
+    /// let v = cache.alloc(vec![1, 2, 3]);
+    /// let w = v.clone(); // another reference to the same object
+    /// assert_eq!(w.iter().sum::<i32>(), 6);
+    /// assert_eq!(cache.stats().live, 1);
+    /// ```
     pub fn alloc<T: Send + 'static>(&self, value: T) -> RcRef<'_, T> {
         // Relaxed: a statistic.
         self.domain.allocated.fetch_add(1, Ordering::Relaxed);
@@ -928,11 +1013,28 @@ impl Refcache {
     }
 
     /// The current epoch.
+    ///
+    /// ```
+    /// let cache = scalemem::refcount::Refcache::with_config(scalemem::refcount::Config::manual()).unwrap();
+    /// let e = cache.epoch();
+    /// assert_eq!(cache.epoch(), e); // a manual domain advances only when ticked
+    /// cache.tick();
+    /// assert_eq!(cache.epoch(), e + 1);
+    /// ```
     pub fn epoch(&self) -> usize {
         self.domain.epoch()
     }
 
     /// Counters (each read on its own; a hint under concurrency).
+    ///
+    /// ```
+    /// let cache = scalemem::refcount::Refcache::with_config(scalemem::refcount::Config::manual()).unwrap();
+    /// let objects: Vec<_> = (0..3).map(|i| cache.alloc(i)).collect();
+    /// let stats = cache.stats();
+    /// assert_eq!((stats.live, stats.freed, stats.epoch), (3, 0, cache.epoch()));
+    /// drop(objects);
+    /// assert_eq!(cache.stats().freed, 0); // freed only epochs later, by a tick
+    /// ```
     pub fn stats(&self) -> RefcacheStats {
         // Relaxed: statistics.
         let allocated = self.domain.allocated.load(Ordering::Relaxed);

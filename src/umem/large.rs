@@ -222,6 +222,21 @@ impl Default for LargeConfig {
 }
 
 /// A snapshot of a heap's counts ([`LargeHeap::stats`]), in bytes unless named a count.
+///
+/// ```
+/// use scalemem::umem::large::{LargeConfig, LargeHeap};
+///
+/// let heap = LargeHeap::new(LargeConfig::default())?;
+/// let p = heap.alloc(1 << 20, 8)?;
+/// let q = heap.alloc(1 << 20, 8)?;
+/// heap.free(p)?; // cached, its pages still committed
+/// let s = heap.stats();
+/// assert_eq!((s.live, s.in_use, s.dirty, s.madvised), (1, 1 << 20, 1 << 20, 0));
+/// assert!(s.in_use + s.dirty + s.madvised <= s.mapped);
+/// assert_eq!(s.maps - s.unmaps, 1); // both blocks came from one 2 MiB chunk
+/// heap.free(q)?;
+/// # Ok::<(), scalemem::umem::large::LargeError>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LargeStats {
@@ -698,6 +713,27 @@ impl Inner {
 }
 
 /// The large-allocation heap (see the [module documentation](self)).
+///
+/// ```
+/// use scalemem::umem::large::{LargeConfig, LargeError, LargeHeap};
+///
+/// let heap = LargeHeap::new(LargeConfig::default())?;
+/// let p = heap.alloc(256 << 10, 8)?;
+/// // `Send + Sync`: threads share a heap by reference.
+/// let live = std::thread::scope(|s| {
+///     let t = s.spawn(|| {
+///         let q = heap.alloc(256 << 10, 8)?;
+///         let live = heap.stats().live; // `p` and `q`
+///         heap.free(q)?;
+///         Ok::<_, LargeError>(live)
+///     });
+///     t.join().unwrap()
+/// })?;
+/// assert_eq!(live, 2);
+/// heap.free(p)?;
+/// assert_eq!(heap.stats().live, 0);
+/// # Ok::<(), LargeError>(())
+/// ```
 pub struct LargeHeap {
     /// The chunks, in their own mapping, so that the arena can borrow them for
     /// `'static` while the heap moves; unmapped in `drop`, after the arena.
@@ -717,6 +753,22 @@ unsafe impl Send for LargeHeap {}
 // SAFETY: see above.
 unsafe impl Sync for LargeHeap {}
 
+/// Allocation, reuse and giving memory back.
+///
+/// ```
+/// use scalemem::umem::large::{LargeConfig, LargeHeap};
+///
+/// let heap = LargeHeap::new(LargeConfig::default())?;
+/// let p = heap.alloc(200 << 10, 8)?;
+/// heap.free(p)?;
+/// let q = heap.alloc(180 << 10, 8)?; // the cached block, which wastes under a fifth of itself
+/// assert_eq!(q, p);
+/// assert_eq!(heap.stats().reused, 1);
+/// heap.free(q)?;
+/// heap.purge();
+/// assert_eq!(heap.stats().mapped, 0);
+/// # Ok::<(), scalemem::umem::large::LargeError>(())
+/// ```
 impl LargeHeap {
     /// A heap with `config`. Maps its bookkeeping (a few pages); spans are mapped on
     /// demand.

@@ -50,6 +50,19 @@ fn may_map() -> bool {
 }
 
 /// The system page size.
+///
+/// ```
+/// use scalemem::umem::os::page_size;
+/// use scalemem::umem::vmem::{OsPages, Policy, Vmem};
+///
+/// let page = page_size();
+/// assert!(page.is_power_of_two() && page >= 4096);
+/// let heap = Vmem::builder("heap").source(&OsPages).build()?;
+/// let p = heap.alloc(1, Policy::InstantFit)?;
+/// assert_eq!(heap.stats().imported, page); // the kernel maps whole pages
+/// heap.free(p, 1)?;
+/// # Ok::<(), scalemem::umem::vmem::VmemError>(())
+/// ```
 #[inline]
 pub fn page_size() -> usize {
     crate::os::page_size()

@@ -156,9 +156,27 @@ const fn build_lookup16() -> [u8; LOOKUP_MAX / 16 + 1] {
 }
 
 /// The index of a size class in [`CLASSES`] (below [`NCLASSES`]).
+///
+/// ```
+/// use scalemem::umem::sizeclass::{class_of, class_size, CLASSES};
+///
+/// let i = class_of(24, 8).unwrap();
+/// assert_eq!(class_size(i), 32);
+/// assert_eq!(CLASSES[i.get()], 32);
+/// assert!(class_of(8, 8).unwrap() < i); // indices order as the sizes do
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ClassIndex(u8);
 
+/// Conversion between a class and its index in [`CLASSES`].
+///
+/// ```
+/// use scalemem::umem::sizeclass::{ClassIndex, NCLASSES};
+///
+/// for i in 0..NCLASSES {
+///     assert_eq!(ClassIndex::new(i).unwrap().get(), i);
+/// }
+/// ```
 impl ClassIndex {
     /// The class with index `i`, if there is one.
     ///
@@ -174,6 +192,14 @@ impl ClassIndex {
     }
 
     /// The index, below [`NCLASSES`].
+    ///
+    /// ```
+    /// use scalemem::umem::sizeclass::{class_of, CLASSES, NCLASSES};
+    ///
+    /// let i = class_of(100, 8).unwrap().get();
+    /// assert!(i < NCLASSES);
+    /// assert_eq!(CLASSES[i], 104);
+    /// ```
     #[inline]
     pub const fn get(self) -> usize {
         self.0 as usize

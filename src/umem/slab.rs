@@ -182,6 +182,23 @@ struct SlabHeader {
 }
 
 /// Why [`SlabCache::free`] refused a pointer (nothing was changed).
+///
+/// ```
+/// use scalemem::umem::slab::{FreeError, SlabCache};
+/// let regions = scalemem::umem::region::Regions::new()?;
+/// let a = SlabCache::builder(&regions, "a", 64, 8).build()?;
+/// let b = SlabCache::builder(&regions, "b", 64, 8).build()?;
+/// let p = a.alloc()?;
+/// // SAFETY: every pointer is inside a live slab over the same regions (all that `free`
+/// // trusts outside checking mode), and `p` is freed once.
+/// unsafe {
+///     assert_eq!(b.free(p), Err(FreeError::WrongCache));
+///     assert_eq!(a.free(p.add(8)), Err(FreeError::NotObjectBase)); // an interior pointer
+///     assert_eq!(a.free(p), Ok(())); // the refusals changed nothing
+/// }
+/// assert_eq!(FreeError::WrongCache.to_string(), "pointer belongs to another cache");
+/// # Ok::<(), scalemem::util::AllocError>(())
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum FreeError {
     /// Not in a live slab of these regions (checking mode).
@@ -211,6 +228,23 @@ impl core::fmt::Display for FreeError {
 impl std::error::Error for FreeError {}
 
 /// Counters and geometry of a [`SlabCache`].
+///
+/// ```
+/// let regions = scalemem::umem::region::Regions::new()?;
+/// let cache = scalemem::umem::slab::SlabCache::builder(&regions, "c", 200, 8).build()?;
+/// let objects = [cache.alloc()?, cache.alloc()?, cache.alloc()?];
+/// let s = cache.stats();
+/// assert_eq!(s.allocated, 3);
+/// assert!(s.small && s.chunk >= s.size && s.capacity >= 3);
+/// // Every slab made and not yet destroyed is on exactly one list.
+/// assert_eq!(s.partial + s.full + s.empty, s.slabs_created - s.slabs_destroyed);
+/// for p in objects {
+///     // SAFETY: each came from this cache's `alloc` and is freed once.
+///     unsafe { cache.free(p) }.unwrap();
+/// }
+/// assert_eq!(cache.stats().allocated, 0);
+/// # Ok::<(), scalemem::util::AllocError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SlabStats {
@@ -357,6 +391,17 @@ pub struct SlabCacheBuilder<'r> {
     colour_room: usize,
 }
 
+/// The builder's settings; [`build`](Self::build) makes the cache.
+///
+/// ```
+/// use scalemem::umem::slab::SlabCache;
+/// let regions = scalemem::umem::region::Regions::new()?;
+/// let plain = SlabCache::builder(&regions, "plain", 8, 8).build()?;
+/// let checked = SlabCache::builder(&regions, "checked", 8, 8).checking(true).build()?;
+/// assert_eq!(plain.stats().chunk, 8);
+/// assert_eq!(checked.stats().chunk, 16); // the object and its 8-byte redzone
+/// # Ok::<(), scalemem::util::AllocError>(())
+/// ```
 impl<'r> SlabCacheBuilder<'r> {
     /// Keeps at least `bytes` of slack in each slab of a large cache (chunks above
     /// [`SMALL_MAX`]) for colouring: with objects of a page multiple, the slabs' first
@@ -389,6 +434,22 @@ impl<'r> SlabCacheBuilder<'r> {
     }
 
     /// Checking mode (see the module documentation). Default: off.
+    ///
+    /// ```
+    /// use scalemem::umem::slab::{FreeError, SlabCache};
+    /// let regions = scalemem::umem::region::Regions::new()?;
+    /// let cache = SlabCache::builder(&regions, "checked", 24, 8).checking(true).build()?;
+    /// let p = cache.alloc()?;
+    /// // SAFETY: byte 24 is the first of the object's redzone, inside its chunk; checking
+    /// // mode validates any pointer before `free` uses it.
+    /// unsafe {
+    ///     p.as_ptr().add(24).write(0); // an overrun
+    ///     assert_eq!(cache.free(p), Err(FreeError::Overrun)); // refused: still allocated
+    ///     p.as_ptr().add(24).write(0xBB); // the redzone's fill restored
+    ///     assert_eq!(cache.free(p), Ok(()));
+    /// }
+    /// # Ok::<(), scalemem::util::AllocError>(())
+    /// ```
     pub fn checking(mut self, on: bool) -> Self {
         self.checking = on;
         self
@@ -396,6 +457,17 @@ impl<'r> SlabCacheBuilder<'r> {
 
     /// How many empty slabs the cache keeps; past that an emptied slab goes back to its
     /// region at once. Default 2.
+    ///
+    /// ```
+    /// let regions = scalemem::umem::region::Regions::new()?;
+    /// let cache = scalemem::umem::slab::SlabCache::builder(&regions, "c", 64, 8).max_empty(0).build()?;
+    /// let p = cache.alloc()?;
+    /// // SAFETY: `p` came from this cache's `alloc` and is freed once.
+    /// unsafe { cache.free(p) }.unwrap(); // its slab empties and goes back at once
+    /// let s = cache.stats();
+    /// assert_eq!((s.empty, s.slabs_created, s.slabs_destroyed), (0, 1, 1));
+    /// # Ok::<(), scalemem::util::AllocError>(())
+    /// ```
     pub fn max_empty(mut self, slabs: usize) -> Self {
         self.max_empty = slabs;
         self
@@ -404,6 +476,18 @@ impl<'r> SlabCacheBuilder<'r> {
     /// Makes the cache: computes its geometry and maps its state. Fails for a size of
     /// zero or above [`MAX_SIZE`], an alignment that is not a power of two or is above
     /// [`PAGE`], or if the kernel refuses the page for the cache's state.
+    ///
+    /// ```
+    /// use scalemem::umem::slab::{SlabCache, MAX_SIZE};
+    /// use scalemem::util::AllocError;
+    /// let regions = scalemem::umem::region::Regions::new()?;
+    /// let cache = SlabCache::builder(&regions, "lines", 100, 64).build()?;
+    /// assert_eq!(cache.stats().chunk, 128); // 100 bytes rounded up to the alignment
+    /// assert_eq!(SlabCache::builder(&regions, "empty", 0, 8).build().unwrap_err(), AllocError);
+    /// assert_eq!(SlabCache::builder(&regions, "huge", MAX_SIZE + 1, 8).build().unwrap_err(), AllocError);
+    /// assert_eq!(SlabCache::builder(&regions, "odd", 8, 12).build().unwrap_err(), AllocError);
+    /// # Ok::<(), AllocError>(())
+    /// ```
     pub fn build(self) -> Result<SlabCache<'r>, AllocError> {
         let Self { regions, name, size, align, checking, max_empty, page_tag, colour_room } = self;
         if size == 0 || size > MAX_SIZE || !align.is_power_of_two() || align > PAGE {
@@ -488,6 +572,23 @@ fn large_geometry(chunk: usize, room: usize) -> (usize, usize) {
 
 /// A cache of objects of one size and alignment, carved from slabs (see the module
 /// documentation). `Send + Sync`; every operation takes the cache's lock.
+///
+/// ```
+/// let regions = scalemem::umem::region::Regions::new()?;
+/// let cache = scalemem::umem::slab::SlabCache::builder(&regions, "shared", 32, 8).build()?;
+/// std::thread::scope(|s| {
+///     for _ in 0..2 {
+///         s.spawn(|| {
+///             let p = cache.alloc().unwrap();
+///             // SAFETY: `p` came from this cache's `alloc` and is freed once.
+///             unsafe { cache.free(p) }.unwrap();
+///         });
+///     }
+/// });
+/// let s = cache.stats();
+/// assert_eq!((s.allocated, s.slabs_created), (0, 1)); // both threads used one slab
+/// # Ok::<(), scalemem::util::AllocError>(())
+/// ```
 pub struct SlabCache<'r> {
     inner: NonNull<CacheInner>,
     regions: &'r Regions,
@@ -508,6 +609,22 @@ impl core::fmt::Debug for SlabCache<'_> {
     }
 }
 
+/// Allocation, freeing, lookup, statistics and checks.
+///
+/// ```
+/// let regions = scalemem::umem::region::Regions::new()?;
+/// let cache = scalemem::umem::slab::SlabCache::builder(&regions, "c", 512, 8).build()?;
+/// let capacity = cache.stats().capacity;
+/// let objects = (0..=capacity).map(|_| cache.alloc()).collect::<Result<Vec<_>, _>>()?;
+/// let s = cache.stats();
+/// assert_eq!((s.full, s.partial), (1, 1)); // one slab filled, a second begun
+/// for p in objects {
+///     // SAFETY: each came from this cache's `alloc` and is freed once.
+///     unsafe { cache.free(p) }.unwrap();
+/// }
+/// cache.assert_valid();
+/// # Ok::<(), scalemem::util::AllocError>(())
+/// ```
 impl<'r> SlabCache<'r> {
     /// A builder for a cache of `size`-byte objects aligned to `align`, whose slabs come
     /// from `regions`.
@@ -542,6 +659,19 @@ impl<'r> SlabCache<'r> {
     }
 
     /// This cache's identity, as [`Regions::lookup`] reports it.
+    ///
+    /// ```
+    /// use scalemem::umem::slab::SlabCache;
+    /// let regions = scalemem::umem::region::Regions::new()?;
+    /// let a = SlabCache::builder(&regions, "a", 8, 8).build()?;
+    /// let b = SlabCache::builder(&regions, "b", 8, 8).build()?;
+    /// assert_ne!(a.id(), b.id());
+    /// let p = b.alloc()?;
+    /// assert_eq!(regions.lookup(p.as_ptr()).map(|found| found.cache), Some(b.id()));
+    /// // SAFETY: `p` came from `b`'s `alloc` and is freed once.
+    /// unsafe { b.free(p) }.unwrap();
+    /// # Ok::<(), scalemem::util::AllocError>(())
+    /// ```
     pub fn id(&self) -> CacheId {
         CacheId(self.inner.as_ptr() as usize)
     }

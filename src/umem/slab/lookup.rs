@@ -9,10 +9,40 @@ use crate::sync::atomic::Ordering;
 use crate::umem::region::Regions;
 
 /// A cache's identity, as [`Regions::lookup`] reports it.
+///
+/// ```
+/// use scalemem::umem::region::Regions;
+/// use scalemem::umem::slab::SlabCache;
+///
+/// let regions = Regions::new()?;
+/// let (a, b) = (SlabCache::builder(&regions, "a", 32, 8).build()?, SlabCache::builder(&regions, "b", 32, 8).build()?);
+/// let p = a.alloc()?;
+/// let owner = regions.lookup(p.as_ptr()).unwrap().cache;
+/// assert!(owner == a.id() && owner != b.id()); // same size, told apart by identity
+/// // SAFETY: from `a`, freed once.
+/// unsafe { a.free(p) }.unwrap();
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub struct CacheId(pub(super) usize);
 
 /// What [`Regions::lookup`] found at an address.
+///
+/// ```
+/// use scalemem::umem::region::Regions;
+/// use scalemem::umem::slab::SlabCache;
+///
+/// let regions = Regions::new()?;
+/// let cache = SlabCache::builder(&regions, "triples", 24, 8).build()?;
+/// let p = cache.alloc()?;
+/// // An address inside the object finds the object.
+/// let found = regions.lookup(p.as_ptr().wrapping_add(10)).unwrap();
+/// assert_eq!((found.name, found.base, found.size, found.allocated), ("triples", p, 24, true));
+/// // SAFETY: from this cache, freed once.
+/// unsafe { cache.free(p) }.unwrap();
+/// assert!(!regions.lookup(p.as_ptr()).unwrap().allocated);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[non_exhaustive]
 pub struct Found {
@@ -29,6 +59,23 @@ pub struct Found {
     pub allocated: bool,
 }
 
+/// Finding an object from any address.
+///
+/// ```
+/// use scalemem::umem::region::Regions;
+/// use scalemem::umem::slab::SlabCache;
+///
+/// let regions = Regions::new()?;
+/// let cache = SlabCache::builder(&regions, "pairs", 16, 8).build()?;
+/// let p = cache.alloc()?;
+/// let found = regions.lookup(p.as_ptr()).unwrap();
+/// assert_eq!((found.name, found.size, found.allocated), ("pairs", 16, true));
+/// // SAFETY: `p` came from this cache's `alloc` and is freed once.
+/// unsafe { cache.free(p) }.unwrap();
+/// // The emptied slab is kept (`max_empty`): its object is found, now free.
+/// assert!(!regions.lookup(p.as_ptr()).unwrap().allocated);
+/// # Ok::<(), scalemem::util::AllocError>(())
+/// ```
 impl Regions {
     /// What lies at `ptr`: the cache and the base of the object whose chunk holds it (an
     /// interior pointer finds its object), or `None` for an address in no live slab of
@@ -74,6 +121,18 @@ impl Regions {
     }
 }
 
+/// The allocator's lock-free object size (crate-internal); from outside the crate,
+/// [`Regions::lookup`] answers the same question for any address.
+///
+/// ```
+/// let regions = scalemem::umem::region::Regions::new()?;
+/// let cache = scalemem::umem::slab::SlabCache::builder(&regions, "c", 100, 4).build()?;
+/// let p = cache.alloc()?;
+/// assert_eq!(regions.lookup(p.as_ptr()).map(|found| found.size), Some(100));
+/// // SAFETY: `p` came from this cache's `alloc` and is freed once.
+/// unsafe { cache.free(p) }.unwrap();
+/// # Ok::<(), scalemem::util::AllocError>(())
+/// ```
 impl Regions {
     /// The object size of the slab cache owning `ptr`, or `None` if `ptr` is in no
     /// region of this manager; lock-free, for the allocator's `free(ptr)` and

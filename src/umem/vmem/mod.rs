@@ -160,6 +160,26 @@ use lock::Lock;
 use qcache::{MAX_QCACHES, QCache};
 
 /// How [`Vmem::alloc`] and [`Vmem::xalloc`] choose among free segments.
+///
+/// ```
+/// use scalemem::umem::vmem::{Policy, Vmem};
+///
+/// let arena = Vmem::new("policy", 0, 100, 1, None, 0)?;
+/// let a = arena.alloc(10, Policy::InstantFit)?;
+/// let b = arena.alloc(30, Policy::InstantFit)?;
+/// arena.free(a, 10)?; // free: 10 units at `a`, 60 at the end
+/// // Instant fit skips the 10-unit hole: its list, [8, 16), may hold segments below 9.
+/// let x = arena.alloc(9, Policy::InstantFit)?;
+/// assert_ne!(x, a);
+/// // Best fit takes the smallest hole that fits.
+/// let y = arena.alloc(9, Policy::BestFit)?;
+/// assert_eq!(y, a);
+/// for (addr, size) in [(b, 30), (x, 9), (y, 9)] {
+///     arena.free(addr, size)?;
+/// }
+/// assert_eq!(arena.stats().in_use, 0);
+/// # Ok::<(), scalemem::umem::vmem::VmemError>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Policy {
     /// Constant time: the first segment of the first free list whose members are all
@@ -210,6 +230,21 @@ impl Default for Constraints {
 }
 
 /// Why a vmem operation failed. Every error leaves the arena consistent and unchanged.
+///
+/// ```
+/// use scalemem::umem::vmem::{Policy, Vmem, VmemError};
+///
+/// let ids = Vmem::new("errors", 1, 100, 1, None, 0)?;
+/// let a = ids.alloc(4, Policy::InstantFit)?;
+/// assert_eq!(ids.alloc(0, Policy::InstantFit), Err(VmemError::ZeroSize));
+/// assert_eq!(ids.alloc(200, Policy::InstantFit), Err(VmemError::Exhausted));
+/// assert_eq!(ids.free(a, 5), Err(VmemError::WrongSize));
+/// assert_eq!(ids.free(a + 1, 4), Err(VmemError::NotAllocated));
+/// assert_eq!(VmemError::Exhausted.to_string(), "vmem: arena exhausted");
+/// ids.free(a, 4)?; // the failed calls changed nothing
+/// assert_eq!(ids.stats().in_use, 0);
+/// # Ok::<(), VmemError>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum VmemError {
@@ -259,10 +294,52 @@ impl std::error::Error for VmemError {}
 ///
 /// The arena calls `import` and `release` while it holds its own lock, so a source must
 /// not call back into the arenas it serves.
+///
+/// ```
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use scalemem::umem::vmem::{Policy, Source, Vmem, VmemError};
+///
+/// /// Fresh ids from 1000 up, never reused; counts the spans given back.
+/// struct Counter {
+///     next: AtomicUsize,
+///     released: AtomicUsize,
+/// }
+///
+/// impl Source for Counter {
+///     fn import(&self, size: usize, _align: usize) -> Result<usize, VmemError> {
+///         Ok(self.next.fetch_add(size, Ordering::Relaxed)) // `align` is 1: any base will do
+///     }
+///
+///     unsafe fn release(&self, _base: usize, _size: usize) {
+///         self.released.fetch_add(1, Ordering::Relaxed);
+///     }
+/// }
+///
+/// let counter = Counter { next: AtomicUsize::new(1000), released: AtomicUsize::new(0) };
+/// let ids = Vmem::builder("ids").source(&counter).build()?;
+/// let a = ids.alloc(10, Policy::InstantFit)?; // the arena is empty: it imports 10 ids
+/// assert_eq!(a, 1000);
+/// ids.free(a, 10)?; // the span is wholly free again: released
+/// assert_eq!(counter.released.load(Ordering::Relaxed), 1);
+/// # Ok::<(), VmemError>(())
+/// ```
 pub trait Source: Sync {
     /// Returns the base of a fresh span of exactly `size` units (a multiple of
     /// [`granularity`](Self::granularity)) whose base is a multiple of `align` (a power
     /// of two: the importing arena's quantum).
+    ///
+    /// ```
+    /// use scalemem::umem::vmem::{Source, Vmem};
+    ///
+    /// // A `Vmem` is a source: it serves imports with `xalloc`.
+    /// let parent = Vmem::new("parent", 0x1010, 0x1000, 0x10, None, 0)?;
+    /// let base = parent.import(0x200, 0x100)?;
+    /// assert_eq!(base % 0x100, 0);
+    /// assert_eq!(parent.stats().in_use, 0x200);
+    /// // SAFETY: (1) the span `import` just returned, released once; (2) unused.
+    /// unsafe { parent.release(base, 0x200) };
+    /// # Ok::<(), scalemem::umem::vmem::VmemError>(())
+    /// ```
     fn import(&self, size: usize, align: usize) -> Result<usize, VmemError>;
 
     /// Takes back a span.
@@ -271,9 +348,31 @@ pub trait Source: Sync {
     /// 1. `base` and `size` are exactly a span that `import` returned, and it has not been
     ///    released since.
     /// 2. Nothing uses the span any more.
+    ///
+    /// ```
+    /// use scalemem::umem::vmem::{Source, Vmem};
+    ///
+    /// let parent = Vmem::new("parent", 0, 0x1000, 0x10, None, 0)?;
+    /// let base = parent.import(0x100, 0x10)?;
+    /// assert_eq!(parent.stats().in_use, 0x100);
+    /// // SAFETY: (1) the span `import` just returned, released once; (2) unused.
+    /// unsafe { parent.release(base, 0x100) };
+    /// assert_eq!(parent.stats().in_use, 0); // back in the parent, free
+    /// # Ok::<(), scalemem::umem::vmem::VmemError>(())
+    /// ```
     unsafe fn release(&self, base: usize, size: usize);
 
     /// Import sizes are multiples of this (a power of two).
+    ///
+    /// ```
+    /// use scalemem::umem::os::page_size;
+    /// use scalemem::umem::vmem::{OsPages, Source, Vmem};
+    ///
+    /// assert_eq!(OsPages.granularity(), page_size()); // the kernel maps whole pages
+    /// let arena = Vmem::builder("arena").quantum(64).build()?;
+    /// assert_eq!(arena.granularity(), 64); // an arena hands out whole quanta
+    /// # Ok::<(), scalemem::umem::vmem::VmemError>(())
+    /// ```
     fn granularity(&self) -> usize {
         1
     }
@@ -322,6 +421,21 @@ impl Source for OsPages {
 }
 
 /// A snapshot of an arena's counts ([`Vmem::stats`]). Sizes are in the arena's units.
+///
+/// ```
+/// use scalemem::umem::vmem::{Policy, Vmem};
+///
+/// let arena = Vmem::builder("counts").quantum(8).span(0, 1024).qcache_max(16).build()?;
+/// let a = arena.alloc(8, Policy::InstantFit)?;
+/// let b = arena.alloc(100, Policy::InstantFit)?; // rounded up to 104
+/// arena.free(a, 8)?; // parked in the 8-unit quantum cache
+/// let s = arena.stats();
+/// assert_eq!(s.free + s.in_use, s.total);
+/// assert_eq!((s.in_use, s.qcached, s.allocated_segments), (112, 8, 2)); // cached ranges count as in use
+/// assert_eq!((s.allocations, s.frees, s.failures), (2, 1, 0));
+/// arena.free(b, 100)?;
+/// # Ok::<(), scalemem::umem::vmem::VmemError>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct VmemStats {
@@ -357,6 +471,24 @@ pub struct VmemStats {
 
 /// A vmem arena (see the [module documentation](self)). `'s` is the lifetime of its
 /// source; an arena without one is a `Vmem<'static>`.
+///
+/// ```
+/// use scalemem::umem::vmem::{Policy, Vmem};
+///
+/// let parent: Vmem<'static> = Vmem::new("parent", 0x1000, 0x1000, 1, None, 0)?;
+/// let child = Vmem::builder("child").source(&parent).build()?; // borrows `parent`
+/// // `Send + Sync`: threads share an arena by reference.
+/// let (a, b) = std::thread::scope(|s| {
+///     let t = s.spawn(|| child.alloc(16, Policy::InstantFit));
+///     (child.alloc(16, Policy::InstantFit), t.join().unwrap())
+/// });
+/// let (a, b) = (a?, b?);
+/// assert!(a + 16 <= b || b + 16 <= a); // disjoint
+/// child.free(a, 16)?;
+/// child.free(b, 16)?;
+/// assert_eq!(parent.stats().in_use, 0); // the child's spans went back
+/// # Ok::<(), scalemem::umem::vmem::VmemError>(())
+/// ```
 pub struct Vmem<'s> {
     name: &'static str,
     quantum: usize,
@@ -369,6 +501,15 @@ pub struct Vmem<'s> {
 }
 
 /// Builds a [`Vmem`] (see [`Vmem::builder`]).
+///
+/// ```
+/// use scalemem::umem::vmem::Vmem;
+///
+/// let arena = Vmem::builder("pages").quantum(4096).span(0x10_0000, 16 * 4096).build()?;
+/// assert_eq!((arena.name(), arena.quantum()), ("pages", 4096));
+/// assert_eq!(arena.stats().total, 16 * 4096);
+/// # Ok::<(), scalemem::umem::vmem::VmemError>(())
+/// ```
 #[must_use]
 pub struct VmemBuilder<'s> {
     name: &'static str,
@@ -379,20 +520,64 @@ pub struct VmemBuilder<'s> {
     checking: bool,
 }
 
+/// The options; each setter takes and returns the builder, so they chain.
+///
+/// ```
+/// use scalemem::umem::vmem::{OsPages, Policy, Vmem};
+///
+/// let heap = Vmem::builder("heap").quantum(16).source(&OsPages).qcache_max(64).checking(true).build()?;
+/// let p = heap.alloc(40, Policy::InstantFit)?; // 48 units, imported from the kernel
+/// heap.free(p, 40)?;
+/// assert_eq!(heap.stats().qcached, 48);
+/// # Ok::<(), scalemem::umem::vmem::VmemError>(())
+/// ```
 impl<'s> VmemBuilder<'s> {
     /// The arena's unit, a power of two (default 1).
+    ///
+    /// ```
+    /// use scalemem::umem::vmem::{Policy, Vmem};
+    ///
+    /// let arena = Vmem::builder("q").quantum(16).span(0, 256).build()?;
+    /// let a = arena.alloc(1, Policy::InstantFit)?;
+    /// assert_eq!(arena.stats().in_use, 16); // rounded up to the quantum
+    /// arena.free(a, 1)?;
+    /// # Ok::<(), scalemem::umem::vmem::VmemError>(())
+    /// ```
     pub fn quantum(mut self, quantum: usize) -> Self {
         self.quantum = quantum;
         self
     }
 
     /// An initial span `[base, base + size)` (default none).
+    ///
+    /// ```
+    /// use scalemem::umem::vmem::{Policy, Vmem};
+    ///
+    /// let arena = Vmem::builder("span").span(100, 50).build()?;
+    /// assert_eq!(arena.stats().total, 50);
+    /// let a = arena.alloc(50, Policy::InstantFit)?;
+    /// assert_eq!(a, 100);
+    /// arena.free(a, 50)?;
+    /// # Ok::<(), scalemem::umem::vmem::VmemError>(())
+    /// ```
     pub fn span(mut self, base: usize, size: usize) -> Self {
         self.span = Some((base, size));
         self
     }
 
     /// Where to import spans from when the arena runs short (default none).
+    ///
+    /// ```
+    /// use scalemem::umem::vmem::{Policy, Vmem};
+    ///
+    /// let parent = Vmem::new("parent", 0x1000, 0x1000, 1, None, 0)?;
+    /// let child = Vmem::builder("child").source(&parent).build()?;
+    /// let a = child.alloc(0x10, Policy::InstantFit)?; // imported from `parent`
+    /// assert_eq!((child.stats().imported, parent.stats().in_use), (0x10, 0x10));
+    /// child.free(a, 0x10)?;
+    /// assert_eq!(parent.stats().in_use, 0); // the span went back
+    /// # Ok::<(), scalemem::umem::vmem::VmemError>(())
+    /// ```
     pub fn source(mut self, source: &'s dyn Source) -> Self {
         self.source = Some(source);
         self
@@ -400,6 +585,18 @@ impl<'s> VmemBuilder<'s> {
 
     /// Quantum caches for sizes up to `qcache_max` (rounded down to a multiple of the
     /// quantum, at most 16 quanta; default 0: none).
+    ///
+    /// ```
+    /// use scalemem::umem::vmem::{Policy, Vmem};
+    ///
+    /// let arena = Vmem::builder("qc").quantum(8).span(0, 1024).qcache_max(1000).build()?; // 16 quanta
+    /// let a = arena.alloc(128, Policy::InstantFit)?;
+    /// let b = arena.alloc(136, Policy::InstantFit)?;
+    /// arena.free(a, 128)?; // 16 quanta: parked in its quantum cache
+    /// arena.free(b, 136)?; // 17 quanta: back to the arena
+    /// assert_eq!(arena.stats().qcached, 128);
+    /// # Ok::<(), scalemem::umem::vmem::VmemError>(())
+    /// ```
     pub fn qcache_max(mut self, qcache_max: usize) -> Self {
         self.qcache_max = qcache_max;
         self
@@ -407,12 +604,32 @@ impl<'s> VmemBuilder<'s> {
 
     /// Checking mode: frees of quantum-cache sizes are verified against the arena
     /// (default: on in debug builds, off in release builds).
+    ///
+    /// ```
+    /// use scalemem::umem::vmem::{Policy, Vmem, VmemError};
+    ///
+    /// let arena = Vmem::builder("checked").span(0, 64).qcache_max(4).checking(true).build()?;
+    /// let a = arena.alloc(2, Policy::InstantFit)?;
+    /// arena.free(a, 2)?; // into the quantum cache
+    /// assert_eq!(arena.free(a, 2), Err(VmemError::NotAllocated)); // the double free is found
+    /// assert_eq!(arena.free(40, 2), Err(VmemError::NotAllocated)); // so is a stray one
+    /// # Ok::<(), VmemError>(())
+    /// ```
     pub fn checking(mut self, checking: bool) -> Self {
         self.checking = checking;
         self
     }
 
     /// Creates the arena: maps its first page of segment records and its hash table.
+    ///
+    /// ```
+    /// use scalemem::umem::vmem::{Vmem, VmemError};
+    ///
+    /// assert_eq!(Vmem::builder("bad").quantum(24).build().unwrap_err(), VmemError::BadQuantum);
+    /// let arena = Vmem::builder("good").quantum(32).span(0, 1024).build()?;
+    /// assert_eq!(arena.stats().free, 1024);
+    /// # Ok::<(), VmemError>(())
+    /// ```
     pub fn build(self) -> Result<Vmem<'s>, VmemError> {
         if !self.quantum.is_power_of_two() {
             return Err(VmemError::BadQuantum);
@@ -434,6 +651,21 @@ impl<'s> VmemBuilder<'s> {
     }
 }
 
+/// Creating an arena, allocating and freeing, and looking inside.
+///
+/// ```
+/// use scalemem::umem::vmem::{Constraints, Policy, Vmem};
+///
+/// let arena = Vmem::new("tour", 0, 1 << 16, 16, None, 0)?;
+/// let a = arena.alloc(100, Policy::InstantFit)?;
+/// let b = arena.xalloc(100, &Constraints { align: 4096, ..Constraints::default() })?;
+/// assert_eq!(b % 4096, 0);
+/// assert_eq!(arena.stats().in_use, 2 * 112);
+/// arena.free(a, 100)?;
+/// arena.xfree(b, 100)?;
+/// arena.assert_valid();
+/// # Ok::<(), scalemem::umem::vmem::VmemError>(())
+/// ```
 impl<'s> Vmem<'s> {
     /// A builder with the defaults: quantum 1, no span, no source, no quantum caches.
     ///
@@ -455,6 +687,17 @@ impl<'s> Vmem<'s> {
     /// An arena named `name` with quantum `quantum`, holding `[base, base + size)` (none
     /// if `size` is 0), importing from `source` when short, with quantum caches up to
     /// `qcache_max` (see [`VmemBuilder::qcache_max`]).
+    ///
+    /// ```
+    /// use scalemem::umem::vmem::{Policy, Vmem, VmemError};
+    ///
+    /// let ids = Vmem::new("ids", 1, 99, 1, None, 0)?;
+    /// assert_eq!(ids.stats().total, 99);
+    /// let empty = Vmem::new("empty", 0, 0, 1, None, 0)?; // size 0: no span
+    /// assert_eq!(empty.alloc(1, Policy::InstantFit), Err(VmemError::Exhausted));
+    /// assert_eq!(Vmem::new("bad", 0, 0, 3, None, 0).unwrap_err(), VmemError::BadQuantum);
+    /// # Ok::<(), VmemError>(())
+    /// ```
     pub fn new(
         name: &'static str,
         base: usize,
@@ -474,11 +717,23 @@ impl<'s> Vmem<'s> {
     }
 
     /// The arena's name.
+    ///
+    /// ```
+    /// let pids = scalemem::umem::vmem::Vmem::new("pids", 1, 100, 1, None, 0)?;
+    /// assert_eq!(pids.name(), "pids");
+    /// # Ok::<(), scalemem::umem::vmem::VmemError>(())
+    /// ```
     pub fn name(&self) -> &'static str {
         self.name
     }
 
     /// The arena's quantum.
+    ///
+    /// ```
+    /// let pages = scalemem::umem::vmem::Vmem::builder("pages").quantum(4096).build()?;
+    /// assert_eq!(pages.quantum(), 4096);
+    /// # Ok::<(), scalemem::umem::vmem::VmemError>(())
+    /// ```
     pub fn quantum(&self) -> usize {
         self.quantum
     }
@@ -548,6 +803,20 @@ impl<'s> Vmem<'s> {
     /// Allocates `size` units (rounded up to the quantum) under `constraints`, from the
     /// arena itself (never a quantum cache). Release it with [`xfree`](Self::xfree) or
     /// [`free`](Self::free).
+    ///
+    /// ```
+    /// use scalemem::umem::vmem::{Constraints, Vmem, VmemError};
+    ///
+    /// let arena = Vmem::new("window", 0, 0x1000, 0x10, None, 0)?;
+    /// let low = Constraints { min_addr: 0x800, max_addr: 0x900, ..Constraints::default() };
+    /// let a = arena.xalloc(0x40, &low)?;
+    /// assert!(a >= 0x800 && a + 0x40 <= 0x900);
+    /// assert_eq!(arena.xalloc(0x200, &low), Err(VmemError::Exhausted)); // wider than the window
+    /// let odd = Constraints { align: 0x30, ..Constraints::default() };
+    /// assert_eq!(arena.xalloc(0x40, &odd), Err(VmemError::BadConstraints));
+    /// arena.xfree(a, 0x40)?;
+    /// # Ok::<(), VmemError>(())
+    /// ```
     pub fn xalloc(&self, size: usize, constraints: &Constraints) -> Result<usize, VmemError> {
         let size = self.round(size)?;
         let fit = self.fit(size, constraints)?;
@@ -596,6 +865,19 @@ impl<'s> Vmem<'s> {
     /// [`alloc`](Self::alloc) or [`xalloc`](Self::xalloc) returned. Sizes up to
     /// `qcache_max` go to the quantum cache if it has room (see "Bad input" in the
     /// module doc for what is checked there).
+    ///
+    /// ```
+    /// use scalemem::umem::vmem::{Policy, Vmem, VmemError};
+    ///
+    /// let arena = Vmem::builder("free").span(0, 64).qcache_max(4).build()?;
+    /// let (a, b) = (arena.alloc(2, Policy::InstantFit)?, arena.alloc(20, Policy::InstantFit)?);
+    /// arena.free(a, 2)?; // a quantum-cache size: parked in the cache
+    /// arena.free(b, 20)?; // above `qcache_max`: back to the arena
+    /// let s = arena.stats();
+    /// assert_eq!((s.in_use, s.qcached), (2, 2));
+    /// assert_eq!(arena.free(b, 20), Err(VmemError::NotAllocated));
+    /// # Ok::<(), VmemError>(())
+    /// ```
     #[inline]
     pub fn free(&self, addr: usize, size: usize) -> Result<(), VmemError> {
         let size = self.round(size)?;
@@ -617,6 +899,17 @@ impl<'s> Vmem<'s> {
     }
 
     /// Frees `[addr, addr + size)` to the arena itself, bypassing the quantum caches.
+    ///
+    /// ```
+    /// use scalemem::umem::vmem::{Policy, Vmem};
+    ///
+    /// let arena = Vmem::builder("xfree").span(0, 64).qcache_max(4).build()?;
+    /// let a = arena.alloc(2, Policy::InstantFit)?;
+    /// arena.xfree(a, 2)?; // not parked in the 2-unit quantum cache
+    /// let s = arena.stats();
+    /// assert_eq!((s.in_use, s.qcached, s.segments), (0, 0, 2)); // span marker, one free segment
+    /// # Ok::<(), scalemem::umem::vmem::VmemError>(())
+    /// ```
     pub fn xfree(&self, addr: usize, size: usize) -> Result<(), VmemError> {
         let size = self.round(size)?;
         if self.checking
@@ -661,6 +954,19 @@ impl<'s> Vmem<'s> {
 
     /// Returns every range held in the quantum caches to the arena (which coalesces them
     /// and may release spans to the source).
+    ///
+    /// ```
+    /// use scalemem::umem::vmem::{Policy, Vmem};
+    ///
+    /// let parent = Vmem::new("parent", 0x1000, 0x100, 1, None, 0)?;
+    /// let child = Vmem::builder("child").source(&parent).qcache_max(8).build()?;
+    /// let a = child.alloc(4, Policy::InstantFit)?; // imports a 4-unit span
+    /// child.free(a, 4)?; // parked in the child's quantum cache: the span stays imported
+    /// assert_eq!(parent.stats().in_use, 4);
+    /// child.reap();
+    /// assert_eq!(parent.stats().in_use, 0); // freed, and the span released
+    /// # Ok::<(), scalemem::umem::vmem::VmemError>(())
+    /// ```
     pub fn reap(&self) {
         for (i, cache) in self.qcaches.iter().enumerate().take(self.qcache_max / self.quantum) {
             let size = (i + 1) * self.quantum;
@@ -727,6 +1033,20 @@ impl<'s> Vmem<'s> {
     /// Checks every invariant of the module doc, and panics with a message naming the
     /// first one broken. Takes the arena's lock and then each quantum cache's, and walks
     /// everything: O(segments + hash buckets).
+    ///
+    /// ```
+    /// use scalemem::umem::vmem::{Policy, Vmem};
+    ///
+    /// let arena = Vmem::new("valid", 0, 100, 1, None, 4)?;
+    /// let a = arena.alloc(3, Policy::InstantFit)?;
+    /// let b = arena.alloc(50, Policy::InstantFit)?;
+    /// arena.free(a, 3)?;
+    /// arena.assert_valid(); // `a` is in the 3-unit quantum cache, still allocated in the arena
+    /// assert_eq!(arena.stats().qcached, 3);
+    /// arena.free(b, 50)?;
+    /// arena.assert_valid();
+    /// # Ok::<(), scalemem::umem::vmem::VmemError>(())
+    /// ```
     pub fn assert_valid(&self) {
         self.arena.with(|arena| {
             arena.check();
