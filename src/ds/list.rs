@@ -79,6 +79,17 @@ struct Position<K> {
 
 impl<K: Ord, R: Reclaim + Default> OrderedList<K, R> {
     /// An empty set, with the scheme's default instance.
+    ///
+    /// ```
+    /// use scalemem::ds::OrderedList;
+    /// use scalemem::reclaim::Hazard;
+    ///
+    /// let ebr: OrderedList<i32> = OrderedList::new(); // epoch-based, the default
+    /// let hp = OrderedList::<i32, Hazard>::new(); // the global hazard domain
+    /// assert!(ebr.to_vec().is_empty() && hp.to_vec().is_empty());
+    /// assert!(ebr.insert(1) && hp.insert(1));
+    /// assert!(ebr.contains(&1) && hp.contains(&1));
+    /// ```
     pub fn new() -> Self {
         Self::new_in(R::default())
     }
@@ -92,6 +103,19 @@ impl<K: Ord, R: Reclaim + Default> Default for OrderedList<K, R> {
 
 impl<K: Ord, R: Reclaim> OrderedList<K, R> {
     /// An empty set reclaiming through `reclaim`.
+    ///
+    /// ```
+    /// use scalemem::ds::OrderedList;
+    ///
+    /// let domain = scalemem::unique_domain!();
+    /// let set = OrderedList::new_in(&domain);
+    /// assert!(set.insert(1) && set.insert(2));
+    /// assert!(set.remove(&1));
+    /// assert_eq!(domain.stats().retired, 1); // the unlinked node waits in this domain
+    /// domain.reclaim(); // a scan: no hazard pointer holds it
+    /// assert_eq!((domain.stats().retired, domain.stats().reclaimed), (0, 1));
+    /// assert_eq!(set.to_vec(), [2]);
+    /// ```
     pub fn new_in(reclaim: R) -> Self {
         Self { head: AtomicPtr::new(ptr::null_mut()), reclaim, _owns: PhantomData }
     }
@@ -134,8 +158,11 @@ impl<K: Ord, R: Reclaim> OrderedList<K, R> {
                     }
                     shields[c].reset();
                     // SAFETY: our CAS unlinked `cur` (a marked node is never re-linked),
-                    // and only the unlinking CAS's winner retires it.
-                    unsafe { self.reclaim.retire(cur, NonNull::from(&cur_ref.link), free_node::<Node<K>>) };
+                    // and only the unlinking CAS's winner retires it, its link projected
+                    // from `cur` (free_node's contract).
+                    unsafe {
+                        self.reclaim.retire(cur, NonNull::new_unchecked(&raw mut (*cur).link), free_node::<Node<K>>)
+                    };
                     cur = succ;
                     core::mem::swap(&mut c, &mut n);
                     continue;
@@ -160,6 +187,26 @@ impl<K: Ord, R: Reclaim> OrderedList<K, R> {
     }
 
     /// Inserts `key`; false if it was already present.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    /// use scalemem::ds::OrderedList;
+    /// use scalemem::reclaim::{Ebr, Hazard, Reclaim};
+    ///
+    /// /// Four threads insert the same 50 keys: each key goes in once.
+    /// fn insert_all<R: Reclaim + Default>() {
+    ///     let (set, inserted) = (OrderedList::<u32, R>::new(), AtomicUsize::new(0));
+    ///     std::thread::scope(|s| {
+    ///         for _ in 0..4 {
+    ///             s.spawn(|| inserted.fetch_add((0..50).filter(|&k| set.insert(k)).count(), Relaxed));
+    ///         }
+    ///     });
+    ///     assert_eq!(inserted.load(Relaxed), 50); // one `true` per key, the others `false`
+    ///     assert_eq!(set.to_vec(), (0..50).collect::<Vec<_>>());
+    /// }
+    /// insert_all::<Ebr>();
+    /// insert_all::<Hazard>();
+    /// ```
     pub fn insert(&self, key: K) -> bool {
         let mut shields = self.shields();
         let node = Box::into_raw(Box::new(Node {
@@ -187,6 +234,22 @@ impl<K: Ord, R: Reclaim> OrderedList<K, R> {
     }
 
     /// Removes `key`; false if it was not present.
+    ///
+    /// ```
+    /// use scalemem::ds::OrderedList;
+    /// use scalemem::reclaim::{Ebr, Hazard, Reclaim};
+    ///
+    /// fn check<R: Reclaim + Default>() {
+    ///     let set = OrderedList::<u32, R>::new();
+    ///     assert!(set.insert(1) && set.insert(2));
+    ///     assert!(set.remove(&1));
+    ///     assert!(!set.remove(&1)); // already gone
+    ///     assert!(!set.remove(&3)); // never there
+    ///     assert_eq!(set.to_vec(), [2]);
+    /// }
+    /// check::<Ebr>();
+    /// check::<Hazard>();
+    /// ```
     pub fn remove(&self, key: &K) -> bool {
         let mut shields = self.shields();
         loop {
@@ -218,8 +281,11 @@ impl<K: Ord, R: Reclaim> OrderedList<K, R> {
                 unsafe { &*pos.prev }.compare_exchange(pos.cur, next, Ordering::Release, Ordering::Relaxed).is_ok();
             if unlinked {
                 shields[1].reset();
-                // SAFETY: our CAS unlinked the marked node; it is retired once.
-                unsafe { self.reclaim.retire(pos.cur, NonNull::from(&cur_ref.link), free_node::<Node<K>>) };
+                // SAFETY: our CAS unlinked the marked node; it is retired once, its link
+                // projected from `pos.cur` (free_node's contract).
+                unsafe {
+                    self.reclaim.retire(pos.cur, NonNull::new_unchecked(&raw mut (*pos.cur).link), free_node::<Node<K>>)
+                };
             } else {
                 let _ = self.find(key, &mut shields);
             }
@@ -228,6 +294,22 @@ impl<K: Ord, R: Reclaim> OrderedList<K, R> {
     }
 
     /// Whether `key` is present.
+    ///
+    /// ```
+    /// use scalemem::ds::OrderedList;
+    /// use scalemem::reclaim::{Ebr, Hazard, Reclaim};
+    ///
+    /// fn check<R: Reclaim + Default>() {
+    ///     let set = OrderedList::<&str, R>::new();
+    ///     set.insert("pear");
+    ///     assert!(set.contains(&"pear"));
+    ///     assert!(!set.contains(&"apple"));
+    ///     set.remove(&"pear");
+    ///     assert!(!set.contains(&"pear"));
+    /// }
+    /// check::<Ebr>();
+    /// check::<Hazard>();
+    /// ```
     pub fn contains(&self, key: &K) -> bool {
         let mut shields = self.shields();
         self.find(key, &mut shields).found
@@ -235,6 +317,22 @@ impl<K: Ord, R: Reclaim> OrderedList<K, R> {
 
     /// The keys present (a snapshot taken by one traversal; concurrent updates may or may
     /// not show).
+    ///
+    /// ```
+    /// use scalemem::ds::OrderedList;
+    /// use scalemem::reclaim::{Ebr, Hazard, Reclaim};
+    ///
+    /// fn sorted<R: Reclaim + Default>() -> Vec<u32> {
+    ///     let set = OrderedList::<u32, R>::new();
+    ///     for k in [5, 1, 4, 1, 3] {
+    ///         set.insert(k);
+    ///     }
+    ///     set.remove(&4);
+    ///     set.to_vec()
+    /// }
+    /// assert_eq!(sorted::<Ebr>(), [1, 3, 5]); // in key order, each key once
+    /// assert_eq!(sorted::<Hazard>(), [1, 3, 5]);
+    /// ```
     pub fn to_vec(&self) -> Vec<K>
     where
         K: Clone,

@@ -40,8 +40,10 @@ use crate::epoch::Retired;
 /// Frees a boxed node from its embedded link (the first field of every node type here).
 ///
 /// # Safety
-/// `link` is the first field of a `repr(C)` `N` from `Box::into_raw`, freed once.
+/// 1. `link` is the first field of a `repr(C)` `N` from `Box::into_raw`, freed once.
+/// 2. `link` was projected from the box's pointer (`&raw mut (*node).link`), not made
+///    from a reference to the field, whose provenance would cover the field alone.
 unsafe fn free_node<N>(link: NonNull<Retired>) {
-    // SAFETY: per the contract, the link's address is the box's.
+    // SAFETY: (1) the link's address is the box's; (2) with the box's provenance.
     drop(unsafe { Box::from_raw(link.cast::<N>().as_ptr()) });
 }

@@ -67,6 +67,18 @@ unsafe impl<T: Send, R: Reclaim> Sync for MsQueue<T, R> {}
 
 impl<T, R: Reclaim + Default> MsQueue<T, R> {
     /// An empty queue, with the scheme's default instance.
+    ///
+    /// ```
+    /// use scalemem::ds::MsQueue;
+    /// use scalemem::reclaim::Hazard;
+    ///
+    /// let ebr: MsQueue<u32> = MsQueue::new(); // epoch-based, the default
+    /// let hp = MsQueue::<u32, Hazard>::new(); // the global hazard domain
+    /// assert!(ebr.is_empty() && hp.is_empty());
+    /// ebr.push(1);
+    /// hp.push(2);
+    /// assert_eq!((ebr.pop(), hp.pop()), (Some(1), Some(2)));
+    /// ```
     pub fn new() -> Self {
         Self::new_in(R::default())
     }
@@ -80,12 +92,48 @@ impl<T, R: Reclaim + Default> Default for MsQueue<T, R> {
 
 impl<T, R: Reclaim> MsQueue<T, R> {
     /// An empty queue reclaiming through `reclaim`.
+    ///
+    /// ```
+    /// use scalemem::ds::MsQueue;
+    ///
+    /// let domain = scalemem::unique_domain!();
+    /// let q = MsQueue::new_in(&domain);
+    /// q.push("job");
+    /// assert_eq!(q.pop(), Some("job"));
+    /// assert_eq!(domain.stats().retired, 1); // the old sentinel waits in this domain
+    /// domain.reclaim(); // a scan: no hazard pointer holds it
+    /// assert_eq!((domain.stats().retired, domain.stats().reclaimed), (0, 1));
+    /// ```
     pub fn new_in(reclaim: R) -> Self {
         let sentinel = Node::boxed(MaybeUninit::uninit());
         Self { head: AtomicPtr::new(sentinel), tail: AtomicPtr::new(sentinel), reclaim, _owns: PhantomData }
     }
 
     /// Appends `value`.
+    ///
+    /// ```
+    /// use scalemem::ds::MsQueue;
+    /// use scalemem::reclaim::{Ebr, Hazard, Reclaim};
+    ///
+    /// /// Two producers push 100 values each, concurrently; then the queue is drained.
+    /// fn produce<R: Reclaim + Default>() {
+    ///     let q = MsQueue::<(usize, u32), R>::new();
+    ///     std::thread::scope(|s| {
+    ///         for producer in 0..2 {
+    ///             let q = &q;
+    ///             s.spawn(move || (0..100).for_each(|i| q.push((producer, i))));
+    ///         }
+    ///     });
+    ///     let mut next = [0, 0]; // each producer's values come out in the order it pushed them
+    ///     while let Some((producer, i)) = q.pop() {
+    ///         assert_eq!(i, next[producer]);
+    ///         next[producer] += 1;
+    ///     }
+    ///     assert_eq!(next, [100, 100]);
+    /// }
+    /// produce::<Ebr>();
+    /// produce::<Hazard>();
+    /// ```
     pub fn push(&self, value: T) {
         let node = Node::boxed(MaybeUninit::new(value));
         let mut shield = self.reclaim.shield();
@@ -112,6 +160,21 @@ impl<T, R: Reclaim> MsQueue<T, R> {
     }
 
     /// Removes the oldest value.
+    ///
+    /// ```
+    /// use scalemem::ds::MsQueue;
+    /// use scalemem::reclaim::{Ebr, Hazard, Reclaim};
+    ///
+    /// fn fifo<R: Reclaim + Default>() -> Vec<String> {
+    ///     let q = MsQueue::<String, R>::new();
+    ///     for word in ["one", "two", "three"] {
+    ///         q.push(word.to_string());
+    ///     }
+    ///     std::iter::from_fn(|| q.pop()).collect() // pops until `None`
+    /// }
+    /// assert_eq!(fifo::<Ebr>(), ["one", "two", "three"]);
+    /// assert_eq!(fifo::<Hazard>(), ["one", "two", "three"]);
+    /// ```
     pub fn pop(&self) -> Option<T> {
         let mut head_shield = self.reclaim.shield();
         let mut next_shield = self.reclaim.shield();
@@ -143,12 +206,13 @@ impl<T, R: Reclaim> MsQueue<T, R> {
             if self.head.compare_exchange(head, next.as_ptr(), Ordering::Release, Ordering::Relaxed).is_ok() {
                 // SAFETY: `next` is protected; winning the CAS made us the one dequeuer
                 // that takes its value (it becomes the sentinel, whose value is never
-                // read again). The old sentinel is unlinked and retired once.
+                // read again). The old sentinel is unlinked and retired once, its link
+                // projected from `head` (free_node's contract).
                 unsafe {
                     next.as_ref().canary.touch();
                     let value = (*next.as_ptr()).value.assume_init_read();
                     head_shield.reset();
-                    self.reclaim.retire(head, NonNull::from(&head_ref.link), free_node::<Node<T>>);
+                    self.reclaim.retire(head, NonNull::new_unchecked(&raw mut (*head).link), free_node::<Node<T>>);
                     return Some(value);
                 }
             }
@@ -156,6 +220,22 @@ impl<T, R: Reclaim> MsQueue<T, R> {
     }
 
     /// Whether the queue is empty right now.
+    ///
+    /// ```
+    /// use scalemem::ds::MsQueue;
+    /// use scalemem::reclaim::{Ebr, Hazard, Reclaim};
+    ///
+    /// fn check<R: Reclaim + Default>() {
+    ///     let q = MsQueue::<u8, R>::new();
+    ///     assert!(q.is_empty()); // only the sentinel
+    ///     q.push(1);
+    ///     assert!(!q.is_empty());
+    ///     assert_eq!(q.pop(), Some(1));
+    ///     assert!(q.is_empty());
+    /// }
+    /// check::<Ebr>();
+    /// check::<Hazard>();
+    /// ```
     pub fn is_empty(&self) -> bool {
         let mut shield = self.reclaim.shield();
         // SAFETY: as in pop.

@@ -54,6 +54,18 @@ unsafe impl<T: Send, R: Reclaim> Sync for TreiberStack<T, R> {}
 
 impl<T, R: Reclaim + Default> TreiberStack<T, R> {
     /// An empty stack, with the scheme's default instance.
+    ///
+    /// ```
+    /// use scalemem::ds::TreiberStack;
+    /// use scalemem::reclaim::Hazard;
+    ///
+    /// let ebr: TreiberStack<&str> = TreiberStack::new(); // epoch-based, the default
+    /// let hp = TreiberStack::<&str, Hazard>::new(); // the global hazard domain
+    /// assert!(ebr.is_empty() && hp.is_empty());
+    /// ebr.push("a");
+    /// hp.push("b");
+    /// assert_eq!((ebr.pop(), hp.pop()), (Some("a"), Some("b")));
+    /// ```
     pub fn new() -> Self {
         Self::new_in(R::default())
     }
@@ -67,11 +79,45 @@ impl<T, R: Reclaim + Default> Default for TreiberStack<T, R> {
 
 impl<T, R: Reclaim> TreiberStack<T, R> {
     /// An empty stack reclaiming through `reclaim` (a hazard domain, say).
+    ///
+    /// ```
+    /// use scalemem::ds::TreiberStack;
+    ///
+    /// let domain = scalemem::unique_domain!();
+    /// let stack = TreiberStack::new_in(&domain);
+    /// stack.push(7);
+    /// assert_eq!(stack.pop(), Some(7));
+    /// assert_eq!(domain.stats().retired, 1); // the popped node waits in this domain
+    /// domain.reclaim(); // a scan: no hazard pointer holds it
+    /// assert_eq!((domain.stats().retired, domain.stats().reclaimed), (0, 1));
+    /// ```
     pub fn new_in(reclaim: R) -> Self {
         Self { head: AtomicPtr::new(ptr::null_mut()), reclaim, _owns: PhantomData }
     }
 
     /// Pushes `value`.
+    ///
+    /// ```
+    /// use scalemem::ds::TreiberStack;
+    /// use scalemem::reclaim::{Ebr, Hazard, Reclaim};
+    ///
+    /// /// Four threads push 100 values each; then everything is popped.
+    /// fn push_all<R: Reclaim + Default>() -> Vec<u32> {
+    ///     let stack = TreiberStack::<u32, R>::new();
+    ///     std::thread::scope(|s| {
+    ///         for t in 0..4 {
+    ///             let stack = &stack;
+    ///             s.spawn(move || (0..100).for_each(|i| stack.push(t * 100 + i)));
+    ///         }
+    ///     });
+    ///     let mut popped: Vec<u32> = std::iter::from_fn(|| stack.pop()).collect();
+    ///     popped.sort();
+    ///     popped
+    /// }
+    /// let all: Vec<u32> = (0..400).collect();
+    /// assert_eq!(push_all::<Ebr>(), all); // no push lost, none duplicated
+    /// assert_eq!(push_all::<Hazard>(), all);
+    /// ```
     pub fn push(&self, value: T) {
         let node = Box::into_raw(Box::new(Node {
             link: Retired::new(),
@@ -93,6 +139,21 @@ impl<T, R: Reclaim> TreiberStack<T, R> {
     }
 
     /// Pops the most recently pushed value.
+    ///
+    /// ```
+    /// use scalemem::ds::TreiberStack;
+    /// use scalemem::reclaim::{Ebr, Hazard, Reclaim};
+    ///
+    /// fn lifo<R: Reclaim + Default>() -> Vec<String> {
+    ///     let stack = TreiberStack::<String, R>::new();
+    ///     for word in ["one", "two", "three"] {
+    ///         stack.push(word.to_string());
+    ///     }
+    ///     std::iter::from_fn(|| stack.pop()).collect() // pops until `None`
+    /// }
+    /// assert_eq!(lifo::<Ebr>(), ["three", "two", "one"]);
+    /// assert_eq!(lifo::<Hazard>(), ["three", "two", "one"]);
+    /// ```
     pub fn pop(&self) -> Option<T> {
         let mut shield = self.reclaim.shield();
         loop {
@@ -108,11 +169,12 @@ impl<T, R: Reclaim> TreiberStack<T, R> {
             // ordered before the retire below by program order.
             if self.head.compare_exchange(head, next, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
                 // SAFETY: we unlinked the node: we alone take its value, once; then it is
-                // retired once (its value is ManuallyDrop, so freeing drops only the node).
+                // retired once (its value is ManuallyDrop, so freeing drops only the node),
+                // its link projected from `head` (free_node's contract).
                 unsafe {
                     let value = ptr::read(&*node.as_ref().value);
                     shield.reset();
-                    self.reclaim.retire(head, NonNull::from(&node.as_ref().link), free_node::<Node<T>>);
+                    self.reclaim.retire(head, NonNull::new_unchecked(&raw mut (*head).link), free_node::<Node<T>>);
                     return Some(value);
                 }
             }
@@ -120,6 +182,22 @@ impl<T, R: Reclaim> TreiberStack<T, R> {
     }
 
     /// Whether the stack is empty right now.
+    ///
+    /// ```
+    /// use scalemem::ds::TreiberStack;
+    /// use scalemem::reclaim::{Ebr, Hazard, Reclaim};
+    ///
+    /// fn check<R: Reclaim + Default>() {
+    ///     let stack = TreiberStack::<u8, R>::new();
+    ///     assert!(stack.is_empty());
+    ///     stack.push(1);
+    ///     assert!(!stack.is_empty());
+    ///     assert_eq!(stack.pop(), Some(1));
+    ///     assert!(stack.is_empty());
+    /// }
+    /// check::<Ebr>();
+    /// check::<Hazard>();
+    /// ```
     pub fn is_empty(&self) -> bool {
         // Relaxed: a snapshot; nothing is dereferenced.
         self.head.load(Ordering::Relaxed).is_null()
