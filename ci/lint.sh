@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# rustfmt, clippy (all targets, warnings are errors) and rustdoc (broken links are errors,
-# in the public docs and in the private items' docs that describe the protocols).
+# rustfmt, clippy (all targets, warnings are errors), rustdoc (broken links are errors,
+# in the public docs and in the private items' docs that describe the protocols), and a
+# runnable example for every public item of the library.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo fmt --all -- --check
@@ -8,3 +9,9 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --quiet
+# A runnable example for every public item: rustdoc's (unstable) lint for the items it
+# documents in place, and ci/doc_examples.sh for those of private modules re-exported
+# with `pub use`, which the lint does not see.
+RUSTC_BOOTSTRAP=1 RUSTDOCFLAGS="-D warnings -Zunstable-options -Zcrate-attr=feature(rustdoc_missing_doc_code_examples) -D rustdoc::missing_doc_code_examples" \
+    cargo doc -p scalemem --no-deps --quiet
+bash ci/doc_examples.sh

@@ -210,7 +210,9 @@ impl Backoff {
         }
     }
 
-    /// True once the back-off has reached the point where blocking would be better.
+    /// True once the back-off has reached the point where blocking would be better. Only
+    /// [`snooze`](Self::snooze) gets it there: [`spin`](Self::spin) stops counting short of
+    /// it, as a lock-free retry loop never needs to block.
     ///
     /// ```
     /// use scalemem::util::Backoff;

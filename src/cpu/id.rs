@@ -60,6 +60,19 @@ static RSEQ_OFFSET: core::sync::atomic::AtomicIsize = core::sync::atomic::Atomic
 /// (`__rseq_size >= 20`), the target has our critical sections (x86_64), and
 /// `SCALEMEM_RSEQ=0` is not set. A given thread's registration can still have failed;
 /// [`rseq::thread_area`](crate::cpu::rseq::thread_area) checks that per thread.
+///
+/// ```
+/// use scalemem::cpu::{rseq, rseq_enabled};
+///
+/// let on = rseq_enabled();
+/// if std::env::var("SCALEMEM_RSEQ").as_deref() == Ok("0") {
+///     assert!(!on); // switched off for the process
+/// }
+/// if !on {
+///     assert!(rseq::thread_area().is_none()); // and so for every thread
+/// }
+/// assert_eq!(rseq_enabled(), on); // decided once: it never changes
+/// ```
 #[inline]
 pub fn rseq_enabled() -> bool {
     #[cfg(scalemem_loom)]

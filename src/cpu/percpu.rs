@@ -47,6 +47,14 @@ unsafe impl<T: Sync> Sync for PerCpu<T> {}
 impl<T> PerCpu<T> {
     /// One slot per [`possible`](crate::cpu::possible) CPU, each built by `init(cpu)`.
     /// Fails only if the kernel refuses the memory.
+    ///
+    /// ```
+    /// use scalemem::cpu::{PerCpu, possible};
+    ///
+    /// let slots = PerCpu::new(|cpu| cpu * 2).unwrap();
+    /// assert_eq!(slots.len(), possible());
+    /// assert!(slots.iter().enumerate().all(|(cpu, &v)| v == cpu * 2));
+    /// ```
     pub fn new(init: impl FnMut(usize) -> T) -> Result<Self, AllocError> {
         Self::with_cpus(crate::cpu::possible(), init)
     }
@@ -77,12 +85,25 @@ impl<T> PerCpu<T> {
     }
 
     /// Number of slots.
+    ///
+    /// ```
+    /// use scalemem::cpu::PerCpu;
+    ///
+    /// assert_eq!(PerCpu::with_cpus(4, |_| 0u8).unwrap().len(), 4);
+    /// assert_eq!(PerCpu::with_cpus(0, |_| 0u8).unwrap().len(), 1); // at least one slot
+    /// ```
     #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Always false: there is at least one slot.
+    ///
+    /// ```
+    /// let slots = scalemem::cpu::PerCpu::with_cpus(0, |cpu| cpu).unwrap();
+    /// assert!(!slots.is_empty());
+    /// assert_eq!(*slots.get(0), 0);
+    /// ```
     #[inline]
     pub fn is_empty(&self) -> bool {
         false
@@ -95,6 +116,12 @@ impl<T> PerCpu<T> {
     }
 
     /// The slot of `cpu` (taken modulo the slot count).
+    ///
+    /// ```
+    /// let slots = scalemem::cpu::PerCpu::with_cpus(3, |cpu| cpu * 10).unwrap();
+    /// assert_eq!(*slots.get(1), 10);
+    /// assert_eq!(*slots.get(4), 10); // 4 % 3 == 1
+    /// ```
     #[inline]
     pub fn get(&self, cpu: usize) -> &T {
         let cpu = if cpu < self.len { cpu } else { cpu % self.len };
@@ -103,17 +130,43 @@ impl<T> PerCpu<T> {
     }
 
     /// The slot of the CPU this thread is running on now.
+    ///
+    /// ```
+    /// use scalemem::cpu::PerCpu;
+    /// use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    ///
+    /// let hits = PerCpu::new(|_| AtomicUsize::new(0)).unwrap();
+    /// for _ in 0..10 {
+    ///     hits.local().fetch_add(1, Relaxed); // whichever CPU we are on now
+    /// }
+    /// assert_eq!(hits.iter().map(|h| h.load(Relaxed)).sum::<usize>(), 10);
+    /// ```
     #[inline]
     pub fn local(&self) -> &T {
         self.get(crate::cpu::current())
     }
 
     /// Every slot, in CPU order.
+    ///
+    /// ```
+    /// let slots = scalemem::cpu::PerCpu::with_cpus(4, |cpu| cpu + 1).unwrap();
+    /// assert_eq!(slots.iter().len(), 4);
+    /// assert_eq!(slots.iter().sum::<usize>(), 1 + 2 + 3 + 4);
+    /// ```
     pub fn iter(&self) -> impl ExactSizeIterator<Item = &T> + '_ {
         (0..self.len).map(move |cpu| self.get(cpu))
     }
 
     /// Every slot, mutably.
+    ///
+    /// ```
+    /// let mut slots = scalemem::cpu::PerCpu::with_cpus(3, |_| 0usize).unwrap();
+    /// for (cpu, slot) in slots.iter_mut().enumerate() {
+    ///     *slot = cpu * cpu;
+    /// }
+    /// assert_eq!(*slots.get(2), 4);
+    /// assert_eq!(slots.iter().copied().collect::<Vec<_>>(), [0, 1, 4]);
+    /// ```
     pub fn iter_mut(&mut self) -> impl ExactSizeIterator<Item = &mut T> + '_ {
         let this: &Self = self;
         // SAFETY: &mut self gives exclusive access to every slot; each index is yielded

@@ -505,6 +505,18 @@ mod fallback {
     ///
     /// # Safety
     /// None needed; `unsafe` only to match the x86_64 signature.
+    ///
+    /// ```
+    /// use scalemem::cpu::{possible, rseq};
+    ///
+    /// let n = possible();
+    /// let mut words = vec![0isize; n];
+    /// assert!(rseq::thread_area().is_none()); // no area to pass on this target
+    /// // SAFETY: the stand-in has no contract; it touches none of its arguments.
+    /// let done = unsafe { rseq::add(std::ptr::null_mut(), words.as_mut_ptr(), 8, n, 5) };
+    /// assert!(!done); // the caller takes its fallback path
+    /// assert!(words.iter().all(|&w| w == 0));
+    /// ```
     #[inline]
     pub unsafe fn add(_area: *mut u8, _word0: *mut isize, _stride: usize, _ncpus: usize, _delta: isize) -> bool {
         false
@@ -514,6 +526,20 @@ mod fallback {
     ///
     /// # Safety
     /// None needed; `unsafe` only to match the x86_64 signature.
+    ///
+    /// ```
+    /// use scalemem::cpu::{possible, rseq};
+    ///
+    /// let n = possible();
+    /// let mut headers = vec![0usize; 2 * n]; // { len, slots: [_; 1] } per CPU
+    /// let mut value = 7u32;
+    /// let item = (&raw mut value).cast::<()>();
+    /// assert!(rseq::thread_area().is_none()); // no area to pass on this target
+    /// // SAFETY: the stand-in has no contract; it touches none of its arguments.
+    /// let pushed = unsafe { rseq::push(std::ptr::null_mut(), headers.as_mut_ptr().cast(), 16, n, 1, item) };
+    /// assert!(!pushed); // the caller takes its fallback path
+    /// assert!(headers.iter().all(|&w| w == 0));
+    /// ```
     #[inline]
     pub unsafe fn push(
         _area: *mut u8,
@@ -530,6 +556,20 @@ mod fallback {
     ///
     /// # Safety
     /// None needed; `unsafe` only to match the x86_64 signature.
+    ///
+    /// ```
+    /// use scalemem::cpu::{possible, rseq};
+    ///
+    /// let n = possible();
+    /// let mut value = 7u32;
+    /// // One full one-slot stack per CPU: { len: 1, slots: [&value] }.
+    /// let mut headers: Vec<usize> = (0..n).flat_map(|_| [1, (&raw mut value) as usize]).collect();
+    /// assert!(rseq::thread_area().is_none()); // no area to pass on this target
+    /// // SAFETY: the stand-in has no contract; it touches none of its arguments.
+    /// let popped = unsafe { rseq::pop(std::ptr::null_mut(), headers.as_mut_ptr().cast(), 16, n) };
+    /// assert!(popped.is_null()); // nothing popped: the caller takes its fallback path
+    /// assert!(headers.chunks(2).all(|h| h[0] == 1));
+    /// ```
     #[inline]
     pub unsafe fn pop(_area: *mut u8, _header0: *mut u8, _stride: usize, _ncpus: usize) -> *mut () {
         core::ptr::null_mut()
@@ -1051,6 +1091,18 @@ mod fallback_conditional {
     ///
     /// # Safety
     /// None needed; `unsafe` only to match the x86_64 signature.
+    ///
+    /// ```
+    /// use scalemem::cpu::{possible, rseq};
+    ///
+    /// let mut words = vec![0usize; 16 * possible()];
+    /// let base = words.as_mut_ptr();
+    /// assert!(rseq::thread_area().is_none()); // no area to pass on this target
+    /// // SAFETY: the stand-in has no contract; it touches none of its arguments.
+    /// let done = unsafe { rseq::add_if_clear(std::ptr::null_mut(), base, 1, base.cast(), 8, possible(), 5) };
+    /// assert!(!done); // the caller takes its fallback path
+    /// assert!(words.iter().all(|&w| w == 0));
+    /// ```
     #[inline]
     pub unsafe fn add_if_clear(
         _area: *mut u8,
@@ -1068,6 +1120,18 @@ mod fallback_conditional {
     ///
     /// # Safety
     /// None needed; `unsafe` only to match the x86_64 signature.
+    ///
+    /// ```
+    /// use scalemem::cpu::{possible, rseq};
+    ///
+    /// let mut words = vec![0usize; 16 * possible()];
+    /// let base = words.as_mut_ptr();
+    /// assert!(rseq::thread_area().is_none()); // no area to pass on this target
+    /// // SAFETY: the stand-in has no contract; it touches none of its arguments.
+    /// let done = unsafe { rseq::add_if_clear_in(std::ptr::null_mut(), base, 1, possible(), 5) };
+    /// assert!(!done); // the caller takes its fallback path
+    /// assert!(words.iter().all(|&w| w == 0));
+    /// ```
     #[inline]
     pub unsafe fn add_if_clear_in(
         _area: *mut u8,
@@ -1083,6 +1147,18 @@ mod fallback_conditional {
     ///
     /// # Safety
     /// None needed; `unsafe` only to match the x86_64 signature.
+    ///
+    /// ```
+    /// use scalemem::cpu::{possible, rseq};
+    ///
+    /// let mut words = vec![0usize; 16 * possible()];
+    /// let base = words.as_mut_ptr();
+    /// assert!(rseq::thread_area().is_none()); // no area to pass on this target
+    /// // SAFETY: the stand-in has no contract; it touches none of its arguments.
+    /// let done = unsafe { rseq::add_if_key_in(std::ptr::null_mut(), base, 128, possible(), 8, 42, 5) };
+    /// assert!(!done); // the caller takes its fallback path
+    /// assert!(words.iter().all(|&w| w == 0));
+    /// ```
     #[inline]
     pub unsafe fn add_if_key_in(
         _area: *mut u8,
@@ -1100,6 +1176,18 @@ mod fallback_conditional {
     ///
     /// # Safety
     /// None needed; `unsafe` only to match the x86_64 signature.
+    ///
+    /// ```
+    /// use scalemem::cpu::{possible, rseq};
+    ///
+    /// let mut words = vec![0usize; 16 * possible()];
+    /// let base = words.as_mut_ptr();
+    /// assert!(rseq::thread_area().is_none()); // no area to pass on this target
+    /// // SAFETY: the stand-in has no contract; it touches none of its arguments.
+    /// let done = unsafe { rseq::add_if_key(std::ptr::null_mut(), base.cast(), 128, possible(), 8, 42, 5) };
+    /// assert!(!done); // the caller takes its fallback path
+    /// assert!(words.iter().all(|&w| w == 0));
+    /// ```
     #[inline]
     pub unsafe fn add_if_key(
         _area: *mut u8,
@@ -1117,6 +1205,18 @@ mod fallback_conditional {
     ///
     /// # Safety
     /// None needed; `unsafe` only to match the x86_64 signature.
+    ///
+    /// ```
+    /// use scalemem::cpu::{possible, rseq};
+    ///
+    /// let mut words = vec![0usize; 16 * possible()];
+    /// let base = words.as_mut_ptr();
+    /// assert!(rseq::thread_area().is_none()); // no area to pass on this target
+    /// // SAFETY: the stand-in has no contract; it touches none of its arguments.
+    /// let done = unsafe { rseq::try_lock(std::ptr::null_mut(), base.cast(), 128, possible(), 7) };
+    /// assert_eq!(done, None); // the caller takes its fallback path
+    /// assert!(words.iter().all(|&w| w == 0));
+    /// ```
     #[inline]
     pub unsafe fn try_lock(
         _area: *mut u8,
@@ -1634,6 +1734,18 @@ mod fallback_magazine {
     ///
     /// # Safety
     /// None needed; `unsafe` only to match the x86_64 signature.
+    ///
+    /// ```
+    /// use scalemem::cpu::{possible, rseq};
+    ///
+    /// let mut words = vec![0usize; 16 * possible()];
+    /// let base = words.as_mut_ptr();
+    /// assert!(rseq::thread_area().is_none()); // no area to pass on this target
+    /// // SAFETY: the stand-in has no contract; it touches none of its arguments.
+    /// let done = unsafe { rseq::mag_pop(std::ptr::null_mut(), base.cast(), possible()) };
+    /// assert!(done.is_null()); // the caller takes its fallback path
+    /// assert!(words.iter().all(|&w| w == 0));
+    /// ```
     #[inline]
     pub unsafe fn mag_pop(_area: *mut u8, _base: *mut u8, _ncpus: usize) -> *mut () {
         core::ptr::null_mut()
@@ -1661,6 +1773,18 @@ mod fallback_magazine {
     ///
     /// # Safety
     /// None needed; `unsafe` only to match the x86_64 signature.
+    ///
+    /// ```
+    /// use scalemem::cpu::{possible, rseq};
+    ///
+    /// let mut words = vec![0usize; 16 * possible()];
+    /// let base = words.as_mut_ptr();
+    /// assert!(rseq::thread_area().is_none()); // no area to pass on this target
+    /// // SAFETY: the stand-in has no contract; it touches none of its arguments.
+    /// let done = unsafe { rseq::mag_push(std::ptr::null_mut(), base.cast(), possible(), base.cast()) };
+    /// assert!(!done); // the caller takes its fallback path
+    /// assert!(words.iter().all(|&w| w == 0));
+    /// ```
     #[inline]
     pub unsafe fn mag_push(_area: *mut u8, _base: *mut u8, _ncpus: usize, _item: *mut ()) -> bool {
         false
@@ -1670,6 +1794,18 @@ mod fallback_magazine {
     ///
     /// # Safety
     /// None needed; `unsafe` only to match the x86_64 signature.
+    ///
+    /// ```
+    /// use scalemem::cpu::{possible, rseq};
+    ///
+    /// let mut words = vec![0usize; 16 * possible()];
+    /// let base = words.as_mut_ptr();
+    /// assert!(rseq::thread_area().is_none()); // no area to pass on this target
+    /// // SAFETY: the stand-in has no contract; it touches none of its arguments.
+    /// let done = unsafe { rseq::mag_exchange(std::ptr::null_mut(), base.cast(), possible(), 0, 1, base.cast(), 0, 8) };
+    /// assert_eq!(done, None); // the caller takes its fallback path
+    /// assert!(words.iter().all(|&w| w == 0));
+    /// ```
     #[inline]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn mag_exchange(

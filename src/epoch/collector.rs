@@ -32,6 +32,7 @@ use crate::util::AllocError;
 /// drop(handle);
 /// drop(collector); // the last handle: the deferred destruction runs here
 /// # let guard = &scalemem::epoch::pin();
+/// # // SAFETY: no other thread can reach `slot`, and nothing else frees it.
 /// # unsafe { drop(slot.into_owned()) };
 /// ```
 #[repr(transparent)]
@@ -50,6 +51,19 @@ unsafe impl Sync for Collector {}
 impl Collector {
     /// A new collector. Aborts if the kernel refuses a page of memory, like `Box::new`;
     /// see [`try_new`](Collector::try_new).
+    ///
+    /// ```
+    /// use scalemem::epoch::{self, Collector};
+    ///
+    /// let collector = Collector::new();
+    /// let handle = collector.register();
+    /// let _outer = epoch::pin(); // pinned in the default collector...
+    /// let before = collector.epoch();
+    /// handle.pin().flush();
+    /// handle.pin().flush(); // ...which does not hold this one back
+    /// assert_eq!(collector.epoch(), before + 2);
+    /// assert_ne!(&collector, epoch::default_collector());
+    /// ```
     pub fn new() -> Self {
         Self::try_new().unwrap_or_else(|_| std::alloc::handle_alloc_error(std::alloc::Layout::new::<Global>()))
     }
@@ -58,7 +72,8 @@ impl Collector {
     ///
     /// ```
     /// let collector = scalemem::epoch::Collector::try_new().expect("a page of memory");
-    /// # drop(collector);
+    /// let handle = collector.register();
+    /// assert!(handle.pin().collector() == Some(&collector));
     /// ```
     pub fn try_new() -> Result<Self, AllocError> {
         Ok(Self { global: Global::new_mapped()? })
@@ -67,6 +82,16 @@ impl Collector {
     /// Registers the calling thread (or any owner: the handle is `!Send`, so it stays
     /// on the thread that uses it). Aborts on out-of-memory; see
     /// [`try_register`](Collector::try_register).
+    ///
+    /// ```
+    /// let collector = scalemem::epoch::Collector::new();
+    /// let first = collector.register();
+    /// let second = collector.register(); // a second record, even on the same thread
+    /// assert_eq!(collector.stats().threads, 2);
+    /// drop(first);
+    /// assert_eq!(collector.stats().threads, 1);
+    /// assert_eq!(second.collector(), &collector);
+    /// ```
     pub fn register(&self) -> LocalHandle {
         self.try_register().unwrap_or_else(|_| std::alloc::handle_alloc_error(std::alloc::Layout::new::<Local>()))
     }
@@ -74,6 +99,17 @@ impl Collector {
     /// Registers a handle, or `Err` if the kernel refuses memory for a new record.
     /// Records are reused after their threads unregister, so this allocates only when
     /// more threads are registered at once than ever before.
+    ///
+    /// ```
+    /// let collector = scalemem::epoch::Collector::new();
+    /// let handle = collector.try_register().expect("memory for a record");
+    /// let mapped = collector.stats().records;
+    /// drop(handle); // its record is free again...
+    /// let handle = collector.try_register().expect("memory for a record");
+    /// assert_eq!(collector.stats().records, mapped); // ...and reused: nothing new mapped
+    /// assert_eq!(collector.stats().threads, 1);
+    /// # drop(handle);
+    /// ```
     pub fn try_register(&self) -> Result<LocalHandle, AllocError> {
         Ok(LocalHandle { local: Global::register(self.global)? })
     }
@@ -92,6 +128,15 @@ impl Collector {
     }
 
     /// How many times the epoch has advanced (for monitoring and tests).
+    ///
+    /// ```
+    /// let collector = scalemem::epoch::Collector::new();
+    /// let handle = collector.register();
+    /// let before = collector.advances();
+    /// handle.pin().flush(); // the only thread, pinned in the current epoch: it advances
+    /// assert_eq!(collector.advances(), before + 1);
+    /// assert_eq!(collector.stats().advances, collector.advances());
+    /// ```
     pub fn advances(&self) -> usize {
         self.global().advances()
     }
@@ -149,6 +194,21 @@ impl Collector {
 }
 
 /// What [`Collector::stats`] reports.
+///
+/// ```
+/// let collector = scalemem::epoch::Collector::new();
+/// let handle = collector.register();
+/// let guard = handle.pin();
+/// guard.defer(|| ());
+/// guard.flush(); // seals the bag; it waits for two advances
+/// let stats = collector.stats();
+/// assert_eq!((stats.threads, stats.pending), (1, 1));
+/// drop(guard);
+/// for _ in 0..3 {
+///     handle.pin().flush();
+/// }
+/// assert_eq!(collector.stats().pending, 0);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CollectorStats {
@@ -223,6 +283,22 @@ pub struct LocalHandle {
 
 impl LocalHandle {
     /// Pins the thread in this handle's collector.
+    ///
+    /// ```
+    /// use scalemem::epoch::{Atomic, Collector};
+    /// use std::sync::atomic::Ordering::Acquire;
+    ///
+    /// let collector = Collector::new();
+    /// let handle = collector.register();
+    /// let slot = Atomic::new(7u32);
+    /// let guard = handle.pin();
+    /// // SAFETY: `slot` was loaded under `guard` and nothing retires it while we are pinned.
+    /// assert_eq!(unsafe { slot.load(Acquire, &guard).deref() }, &7);
+    /// assert_eq!(guard.collector(), Some(&collector));
+    /// drop(guard);
+    /// // SAFETY: no other thread can reach `slot`, and it is not null.
+    /// drop(unsafe { slot.into_owned() });
+    /// ```
     #[inline]
     pub fn pin(&self) -> Guard {
         // SAFETY: the handle keeps the record claimed; Guard::enter's contract is that
@@ -231,12 +307,36 @@ impl LocalHandle {
     }
 
     /// Whether the thread is pinned through this handle.
+    ///
+    /// ```
+    /// let collector = scalemem::epoch::Collector::new();
+    /// let handle = collector.register();
+    /// let outer = handle.pin();
+    /// let inner = handle.pin(); // pins nest
+    /// drop(outer);
+    /// assert!(handle.is_pinned()); // until the last guard goes
+    /// drop(inner);
+    /// assert!(!handle.is_pinned());
+    /// assert!(!scalemem::epoch::is_pinned()); // the default collector is another matter
+    /// ```
     #[inline]
     pub fn is_pinned(&self) -> bool {
         self.local().is_pinned()
     }
 
     /// The collector this handle belongs to.
+    ///
+    /// ```
+    /// use scalemem::epoch::Collector;
+    ///
+    /// let collector = Collector::new();
+    /// let handle = collector.register();
+    /// assert_eq!(handle.collector(), &collector);
+    /// assert_ne!(handle.collector(), &Collector::new());
+    /// let clone = handle.collector().clone(); // a counted reference to the same domain
+    /// drop(collector);
+    /// assert_eq!(clone, *handle.collector());
+    /// ```
     pub fn collector(&self) -> &Collector {
         collector_of(self.local())
     }

@@ -27,6 +27,7 @@ use super::retired::{ReclaimFn, Retired};
 /// // SAFETY: p was loaded under `guard` and nothing frees it while we are pinned.
 /// assert_eq!(unsafe { p.deref() } + 1, 42);
 /// # drop(guard);
+/// # // SAFETY: no other thread can reach `shared`, and nothing else frees it.
 /// # unsafe { drop(shared.into_owned()) };
 /// ```
 pub struct Guard {
@@ -84,6 +85,24 @@ impl Guard {
     ///    use from there (as if it were `Send`).
     /// 2. Everything `f` borrows outlives the moment it runs (at the latest, when the
     ///    collector is dropped).
+    ///
+    /// ```
+    /// use scalemem::epoch::Collector;
+    /// use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    ///
+    /// let runs = AtomicUsize::new(0); // on the stack: borrowed, not 'static
+    /// let collector = Collector::new();
+    /// let handle = collector.register();
+    /// let guard = handle.pin();
+    /// let r = &runs;
+    /// // SAFETY: (1) the closure only touches an AtomicUsize, usable from any thread;
+    /// // (2) `runs` outlives the collector, which is dropped below.
+    /// unsafe { guard.defer_unchecked(move || r.fetch_add(1, Relaxed)) };
+    /// assert_eq!(runs.load(Relaxed), 0); // not yet: it waits for two advances
+    /// drop((guard, handle));
+    /// drop(collector); // the last reference: leftover garbage runs now
+    /// assert_eq!(runs.load(Relaxed), 1);
+    /// ```
     pub unsafe fn defer_unchecked<F, R>(&self, f: F)
     where
         F: FnOnce() -> R,
@@ -101,6 +120,38 @@ impl Guard {
     ///    thread that pins from now on (it has been unlinked).
     /// 2. It is destroyed once: no other `defer_destroy`, `into_owned` or retire of it.
     /// 3. `T` may be dropped on another thread (as if `T: Send`).
+    ///
+    /// ```
+    /// use scalemem::epoch::{Atomic, Collector, Owned};
+    /// use std::sync::atomic::{AtomicUsize, Ordering::{AcqRel, Relaxed}};
+    ///
+    /// static DROPS: AtomicUsize = AtomicUsize::new(0);
+    /// struct Node(u32);
+    /// impl Drop for Node {
+    ///     fn drop(&mut self) {
+    ///         DROPS.fetch_add(1, Relaxed);
+    ///     }
+    /// }
+    ///
+    /// let collector = Collector::new();
+    /// let handle = collector.register();
+    /// let slot = Atomic::new(Node(1));
+    /// {
+    ///     let guard = handle.pin();
+    ///     let old = slot.swap(Owned::new(Node(2)), AcqRel, &guard);
+    ///     // SAFETY: (1) `old` came from an Owned and is unlinked; (2) it is destroyed
+    ///     // only here; (3) a Node may be dropped on any thread.
+    ///     unsafe { guard.defer_destroy(old) };
+    /// }
+    /// assert_eq!(DROPS.load(Relaxed), 0); // readers pinned earlier may still hold it
+    /// for _ in 0..3 {
+    ///     handle.pin().flush(); // seal, advance, collect
+    /// }
+    /// assert_eq!(DROPS.load(Relaxed), 1);
+    /// // SAFETY: no other thread can reach `slot`, and it is not null.
+    /// drop(unsafe { slot.into_owned() });
+    /// assert_eq!(DROPS.load(Relaxed), 2);
+    /// ```
     pub unsafe fn defer_destroy<T>(&self, ptr: Shared<'_, T>) {
         let raw = ptr.as_raw() as usize;
         // SAFETY: (1)-(3) are the caller's; the closure captures one word.
@@ -125,6 +176,36 @@ impl Guard {
     /// 2. The object is retired once, and its link is not touched by anyone else until
     ///    `reclaim` runs.
     /// 3. `reclaim` may run on any thread, and frees the object correctly from its link.
+    ///
+    /// ```
+    /// use scalemem::epoch::{Collector, Retired};
+    /// use std::ptr::NonNull;
+    /// use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    ///
+    /// #[repr(C)]
+    /// struct Node {
+    ///     link: Retired, // first field, so a *Retired is a *Node
+    ///     value: u64,
+    /// }
+    /// static RECLAIMED: AtomicU64 = AtomicU64::new(0);
+    ///
+    /// unsafe fn reclaim(link: NonNull<Retired>) {
+    ///     // SAFETY: (3) every link retired here is the first field of a boxed Node.
+    ///     let node = unsafe { Box::from_raw(link.as_ptr().cast::<Node>()) };
+    ///     RECLAIMED.fetch_add(node.value, Relaxed);
+    /// }
+    ///
+    /// let collector = Collector::new();
+    /// let handle = collector.register();
+    /// let node = NonNull::from(Box::leak(Box::new(Node { link: Retired::new(), value: 7 })));
+    /// // SAFETY: (1) the node was never shared, and stays valid until `reclaim` frees it;
+    /// // (2) it is retired once; (3) `reclaim` frees a boxed Node from its first field.
+    /// unsafe { handle.pin().retire(node.cast(), reclaim) };
+    /// for _ in 0..3 {
+    ///     handle.pin().flush(); // seal the batch, advance, collect
+    /// }
+    /// assert_eq!(RECLAIMED.load(Relaxed), 7);
+    /// ```
     pub unsafe fn retire(&self, object: NonNull<Retired>, reclaim: ReclaimFn) {
         match self.local() {
             // SAFETY: (1)-(3) are passed on unchanged.
@@ -138,8 +219,19 @@ impl Guard {
     /// and frees what has expired (a bounded amount).
     ///
     /// ```
-    /// let guard = scalemem::epoch::pin();
-    /// guard.flush();
+    /// use scalemem::epoch::Collector;
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    ///
+    /// static RAN: AtomicBool = AtomicBool::new(false);
+    /// // A collector of our own: no other thread's pin holds its epoch back.
+    /// let collector = Collector::new();
+    /// let handle = collector.register();
+    /// handle.pin().defer(|| RAN.store(true, Ordering::Relaxed));
+    /// assert!(!RAN.load(Ordering::Relaxed)); // pending: two epochs must pass first
+    /// for _ in 0..3 {
+    ///     handle.pin().flush();
+    /// }
+    /// assert!(RAN.load(Ordering::Relaxed));
     /// ```
     pub fn flush(&self) {
         if let Some(local) = self.local() {
@@ -152,11 +244,18 @@ impl Guard {
     /// must not be used after: the `&mut self` borrow enforces it.
     ///
     /// ```
-    /// let mut guard = scalemem::epoch::pin();
-    /// for _ in 0..10 {
-    ///     // ... work with pointers loaded under `guard` ...
-    ///     guard.repin();
-    /// }
+    /// use scalemem::epoch::Collector;
+    ///
+    /// let collector = Collector::new();
+    /// let handle = collector.register();
+    /// let mut guard = handle.pin();
+    /// let start = collector.epoch();
+    /// guard.flush(); // the epoch moves on once past this pin...
+    /// guard.flush(); // ...and no further while the pin stays where it was
+    /// assert_eq!(collector.epoch(), start + 1);
+    /// guard.repin(); // now pinned in the current epoch
+    /// guard.flush();
+    /// assert_eq!(collector.epoch(), start + 2);
     /// ```
     pub fn repin(&mut self) {
         if let Some(local) = self.local() {
@@ -194,6 +293,17 @@ impl Guard {
     }
 
     /// The collector this guard pins, or `None` for [`unprotected`].
+    ///
+    /// ```
+    /// use scalemem::epoch::{self, Collector};
+    ///
+    /// let collector = Collector::new();
+    /// let handle = collector.register();
+    /// assert_eq!(handle.pin().collector(), Some(&collector));
+    /// assert_eq!(epoch::pin().collector(), Some(epoch::default_collector()));
+    /// // SAFETY: nothing is loaded, deferred or retired through this guard.
+    /// assert!(unsafe { epoch::unprotected() }.collector().is_none());
+    /// ```
     pub fn collector(&self) -> Option<&Collector> {
         self.local().map(collector_of)
     }
@@ -230,6 +340,7 @@ impl fmt::Debug for Guard {
 /// // SAFETY: `a` is ours alone.
 /// let guard = unsafe { epoch::unprotected() };
 /// let p = a.swap(epoch::Shared::null(), Relaxed, guard);
+/// // SAFETY: unlinked, and no other thread ever saw it.
 /// unsafe { guard.defer_destroy(p) }; // runs now
 /// ```
 #[inline]

@@ -17,8 +17,9 @@ pub type ReclaimFn = unsafe fn(NonNull<Retired>);
 /// object of a batch also carries the batch's epoch and its link to the next batch.
 ///
 /// ```
-/// use scalemem::epoch::{self, Retired};
+/// use scalemem::epoch::{Collector, Retired};
 /// use std::ptr::NonNull;
+/// use std::sync::atomic::{AtomicU64, Ordering};
 ///
 /// #[repr(C)]
 /// struct Node {
@@ -26,15 +27,23 @@ pub type ReclaimFn = unsafe fn(NonNull<Retired>);
 ///     value: u64,
 /// }
 ///
+/// static FREED: AtomicU64 = AtomicU64::new(0);
 /// unsafe fn reclaim(link: NonNull<Retired>) {
-///     // SAFETY: every link we retire is the first field of a boxed Node.
-///     drop(unsafe { Box::from_raw(link.as_ptr().cast::<Node>()) });
+///     // SAFETY: every link we retire is the first field of a boxed Node, whose pointer
+///     // it was cast from (so it carries the whole box's provenance).
+///     let node = unsafe { Box::from_raw(link.as_ptr().cast::<Node>()) };
+///     FREED.fetch_add(node.value, Ordering::Relaxed);
 /// }
 ///
+/// let collector = Collector::new();
+/// let handle = collector.register();
 /// let node = Box::into_raw(Box::new(Node { link: Retired::new(), value: 7 }));
-/// let guard = epoch::pin();
 /// // SAFETY: the node is unreachable by other threads from now on, and retired once.
-/// unsafe { guard.retire(NonNull::new(node).unwrap().cast(), reclaim) };
+/// unsafe { handle.pin().retire(NonNull::new(node).unwrap().cast(), reclaim) };
+/// for _ in 0..3 {
+///     handle.pin().flush();
+/// }
+/// assert_eq!(FREED.load(Ordering::Relaxed), 7);
 /// ```
 #[repr(C)]
 pub struct Retired {
@@ -58,6 +67,32 @@ unsafe impl Sync for Retired {}
 
 impl Retired {
     /// A fresh, unlinked link.
+    ///
+    /// ```
+    /// use scalemem::epoch::{self, Retired};
+    /// use std::ptr::NonNull;
+    /// use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    ///
+    /// #[repr(C)]
+    /// struct Block {
+    ///     link: Retired, // first field, so a *Retired is a *Block
+    ///     bytes: [u8; 64],
+    /// }
+    /// static FREED: AtomicBool = AtomicBool::new(false);
+    ///
+    /// unsafe fn free(link: NonNull<Retired>) {
+    ///     // SAFETY: the only link retired here is the first field of a boxed Block.
+    ///     drop(unsafe { Box::from_raw(link.as_ptr().cast::<Block>()) });
+    ///     FREED.store(true, Relaxed);
+    /// }
+    ///
+    /// let block = Box::into_raw(Box::new(Block { link: Retired::new(), bytes: [0; 64] }));
+    /// // SAFETY: `unprotected`: the block was never shared, so no other thread can reach
+    /// // it. `retire`: (1) it is unreachable and valid until `free` runs; (2) it is
+    /// // retired once; (3) `free` frees a boxed Block from its first field.
+    /// unsafe { epoch::unprotected().retire(NonNull::new(block).unwrap().cast(), free) };
+    /// assert!(FREED.load(Relaxed));
+    /// ```
     pub const fn new() -> Self {
         Self {
             next: UnsafeCell::new(ptr::null_mut()),

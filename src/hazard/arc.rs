@@ -65,6 +65,18 @@ unsafe fn drop_reference<T>(ptr: *mut T) {
 
 impl<T: Send + Sync> AtomicArc<T> {
     /// A cell holding `value`.
+    ///
+    /// ```
+    /// use scalemem::hazard::AtomicArc;
+    /// use std::sync::Arc;
+    ///
+    /// let value = Arc::new(5);
+    /// let cell = AtomicArc::new(Arc::clone(&value));
+    /// assert_eq!(Arc::strong_count(&value), 2); // the cell owns one reference
+    /// assert_eq!(*cell.load(), 5);
+    /// drop(cell);
+    /// assert_eq!(Arc::strong_count(&value), 1); // dropping the cell drops it
+    /// ```
     pub fn new(value: Arc<T>) -> Self {
         Self { ptr: AtomicPtr::new(Arc::into_raw(value).cast_mut()), _owns: PhantomData }
     }
@@ -72,6 +84,19 @@ impl<T: Send + Sync> AtomicArc<T> {
     /// Protects the current value and returns a guard that derefs to it. Touches no
     /// reference count and no shared cache line (it takes a hazard pointer from the
     /// thread's own record).
+    ///
+    /// ```
+    /// use scalemem::hazard::AtomicArc;
+    /// use std::sync::Arc;
+    ///
+    /// let value = Arc::new(String::from("v1"));
+    /// let cell = AtomicArc::new(Arc::clone(&value));
+    /// let guard = cell.load();
+    /// assert_eq!(Arc::strong_count(&value), 2); // the guard took no reference
+    /// cell.store(Arc::new(String::from("v2")));
+    /// assert_eq!(*guard, "v1"); // still protected after the store
+    /// assert_eq!(*cell.load(), "v2");
+    /// ```
     #[inline]
     pub fn load(&self) -> Guard<'_, T> {
         let mut hazard = HazardPointer::new();
@@ -84,12 +109,38 @@ impl<T: Send + Sync> AtomicArc<T> {
     }
 
     /// The current value as an `Arc` (one reference-count increment).
+    ///
+    /// ```
+    /// use scalemem::hazard::AtomicArc;
+    /// use std::sync::Arc;
+    ///
+    /// let cell = AtomicArc::from(String::from("v1"));
+    /// let full = cell.load_full();
+    /// assert_eq!(Arc::strong_count(&full), 2); // the cell's reference and this one
+    /// cell.store(Arc::new(String::from("v2")));
+    /// assert_eq!(*full, "v1"); // an owned reference: no hazard pointer needed
+    /// ```
     #[inline]
     pub fn load_full(&self) -> Arc<T> {
         Guard::to_arc(&self.load())
     }
 
-    /// Replaces the value; the old reference is dropped once no guard holds it.
+    /// Replaces the value. The cell's reference to the old value is retired to the global
+    /// domain: dropped by a later scan that finds no guard holding it (this thread's
+    /// scans run every 1024 retires, on a 10 ms check every 8 retires, at thread exit, or
+    /// at [`Domain::global().reclaim()`](crate::hazard::Domain::reclaim)).
+    ///
+    /// ```
+    /// use scalemem::hazard::{AtomicArc, Domain};
+    /// use std::sync::Arc;
+    ///
+    /// let old = Arc::new(1);
+    /// let cell = AtomicArc::new(Arc::clone(&old));
+    /// cell.store(Arc::new(2));
+    /// assert_eq!(*cell.load(), 2);
+    /// Domain::global().reclaim(); // no guard holds `old`: the cell's reference is dropped
+    /// assert_eq!(Arc::strong_count(&old), 1);
+    /// ```
     pub fn store(&self, new: Arc<T>) {
         // AcqRel: Release publishes the new value's contents to the Acquire re-load of
         // protect; Acquire orders the old value's contents before its eventual drop.
@@ -99,6 +150,17 @@ impl<T: Send + Sync> AtomicArc<T> {
     }
 
     /// Replaces the value and returns the old one.
+    ///
+    /// ```
+    /// use scalemem::hazard::{AtomicArc, Domain};
+    /// use std::sync::Arc;
+    ///
+    /// let cell = AtomicArc::new(Arc::new(1));
+    /// let old = cell.swap(Arc::new(2));
+    /// assert_eq!((*old, *cell.load()), (1, 2));
+    /// Domain::global().reclaim(); // drops the cell's retired reference to `old`
+    /// assert_eq!(Arc::strong_count(&old), 1);
+    /// ```
     pub fn swap(&self, new: Arc<T>) -> Arc<T> {
         // AcqRel: as in store.
         let old = self.ptr.swap(Arc::into_raw(new).cast_mut(), Ordering::AcqRel);
@@ -109,6 +171,19 @@ impl<T: Send + Sync> AtomicArc<T> {
 
     /// Stores `new` if the cell still holds `current` (compared by address). On success
     /// returns the previous value (which is `current`'s); on failure hands `new` back.
+    ///
+    /// ```
+    /// use scalemem::hazard::AtomicArc;
+    /// use std::sync::Arc;
+    ///
+    /// let cell = AtomicArc::new(Arc::new(1));
+    /// let current = cell.load_full();
+    /// let lookalike = Arc::new(1); // an equal value at another address
+    /// assert_eq!(cell.compare_and_swap(&lookalike, Arc::new(3)), Err(Arc::new(3)));
+    /// let previous = cell.compare_and_swap(&current, Arc::new(2)).unwrap();
+    /// assert!(Arc::ptr_eq(&previous, &current));
+    /// assert_eq!(*cell.load(), 2);
+    /// ```
     pub fn compare_and_swap<C: AsRaw<T>>(&self, current: &C, new: Arc<T>) -> Result<Arc<T>, Arc<T>> {
         let expected = current.as_raw().cast_mut();
         let new_ptr = Arc::into_raw(new).cast_mut();
@@ -125,6 +200,17 @@ impl<T: Send + Sync> AtomicArc<T> {
     /// Read-copy-update: computes a new value from the current one and stores it if the
     /// cell has not changed meanwhile, retrying otherwise. Returns the value replaced.
     /// `f` may run more than once.
+    ///
+    /// ```
+    /// use scalemem::hazard::AtomicArc;
+    /// use std::sync::Arc;
+    ///
+    /// let counter = AtomicArc::new(Arc::new(0u64));
+    /// let previous = counter.rcu(|n| n + 1);
+    /// assert_eq!(*previous, 0);
+    /// counter.rcu(|n| n + 1);
+    /// assert_eq!(*counter.load(), 2);
+    /// ```
     pub fn rcu<R, Fn>(&self, mut f: Fn) -> Arc<T>
     where
         R: Into<Arc<T>>,
@@ -140,6 +226,17 @@ impl<T: Send + Sync> AtomicArc<T> {
     }
 
     /// Consumes the cell, returning its value.
+    ///
+    /// ```
+    /// use scalemem::hazard::AtomicArc;
+    /// use std::sync::Arc;
+    ///
+    /// let cell = AtomicArc::new(Arc::new(String::from("first")));
+    /// cell.store(Arc::new(String::from("last")));
+    /// let value = cell.into_inner();
+    /// assert_eq!(*value, "last");
+    /// assert_eq!(Arc::strong_count(&value), 1); // the cell's own reference, handed over
+    /// ```
     pub fn into_inner(self) -> Arc<T> {
         let this = core::mem::ManuallyDrop::new(self);
         // Relaxed: we own the cell; no other thread can reach it.
@@ -199,6 +296,17 @@ impl<T: Send + Sync + fmt::Debug> fmt::Debug for AtomicArc<T> {
 }
 
 /// A protected view of an [`AtomicArc`]'s value: derefs to `T`, keeps it alive, holds one
+///
+/// ```
+/// use scalemem::hazard::{AtomicArc, Guard};
+/// use std::sync::Arc;
+///
+/// let cell = AtomicArc::from(vec![1, 2, 3]);
+/// let guard: Guard<'_, Vec<i32>> = cell.load();
+/// cell.store(Arc::new(Vec::new()));
+/// assert_eq!(guard.len(), 3); // derefs to the value it protects, replaced or not
+/// assert!(cell.load().is_empty());
+/// ```
 /// hazard pointer of the thread. `!Send`, like the hazard pointer.
 pub struct Guard<'a, T> {
     hazard: HazardPointer<'static>,
@@ -208,6 +316,19 @@ pub struct Guard<'a, T> {
 
 impl<T> Guard<'_, T> {
     /// An `Arc` of the guarded value (one reference-count increment).
+    ///
+    /// ```
+    /// use scalemem::hazard::{AtomicArc, Guard};
+    /// use std::sync::Arc;
+    ///
+    /// let cell = AtomicArc::from(7);
+    /// let guard = cell.load();
+    /// let arc = Guard::to_arc(&guard);
+    /// drop(guard);
+    /// assert_eq!(Arc::strong_count(&arc), 2); // the cell's reference and this one
+    /// cell.store(Arc::new(8));
+    /// assert_eq!(*arc, 7); // kept alive by the reference, not by a hazard pointer
+    /// ```
     pub fn to_arc(this: &Self) -> Arc<T> {
         // SAFETY: the value is protected, so the reference that was the cell's (held by
         // the cell or by a pending retire) keeps the count at least one.
@@ -235,6 +356,19 @@ impl<T: fmt::Debug> fmt::Debug for Guard<'_, T> {
 }
 
 /// Something that names a value by address, for [`AtomicArc::compare_and_swap`]: an
+///
+/// ```
+/// use scalemem::hazard::{AsRaw, AtomicArc};
+/// use std::sync::Arc;
+///
+/// let cell = AtomicArc::from(1);
+/// let (guard, arc) = (cell.load(), cell.load_full());
+/// assert_eq!(guard.as_raw(), Arc::as_ptr(&arc)); // both name the cell's value
+/// let raw: *const i32 = arc.as_raw();
+/// drop(guard);
+/// assert!(cell.compare_and_swap(&raw, Arc::new(2)).is_ok());
+/// assert_eq!(*cell.load(), 2);
+/// ```
 /// `Arc<T>`, a [`Guard`], or a raw pointer.
 pub trait AsRaw<T> {
     /// The address.

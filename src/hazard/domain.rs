@@ -13,6 +13,14 @@ use crate::util::AllocError;
 /// The family of the global domain. Its constructor is private, so the only
 /// `Domain<Global>` is [`Domain::global`]: a user domain always has another family type,
 /// and a hazard pointer of one cannot be passed where the other's is expected.
+///
+/// ```
+/// use scalemem::hazard::{Domain, Global, HazardPointer};
+///
+/// let global: &'static Domain<Global> = Domain::global();
+/// let hp: HazardPointer<'static, Global> = HazardPointer::new();
+/// assert!(hp.is_in(global)); // `HazardPointer::new` takes a slot of the global domain
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct Global {
     _private: (),
@@ -49,6 +57,7 @@ pub struct Global {
 /// unsafe { domain.retire_ptr(old, scalemem::hazard::drop_box) };
 /// drop(hp);
 /// assert_eq!(domain.reclaim(), 1); // nothing protects it any more
+/// # // SAFETY: boxes of this example, freed once; nothing retired them.
 /// # unsafe { drop(Box::from_raw(slot.into_inner())) };
 /// ```
 pub struct Domain<F = Global> {
@@ -120,11 +129,33 @@ impl<F> Domain<F> {
     /// A new domain of family `F`. Aborts if the kernel refuses a page of memory, like
     /// `Box::new`; see [`try_new`](Domain::try_new). Prefer
     /// [`unique_domain!`](crate::unique_domain), which makes the family unique.
+    ///
+    /// ```
+    /// use scalemem::hazard::{Domain, HazardPointer};
+    ///
+    /// struct Sessions; // the family: a marker type of the subsystem
+    /// let domain = Domain::new(Sessions);
+    /// let hp = HazardPointer::new_in(&domain);
+    /// assert!(hp.is_in(&domain));
+    /// assert_eq!(domain.stats().threads, 1); // only this thread holds a record of it
+    /// ```
     pub fn new(family: F) -> Self {
         Self::try_new(family).unwrap_or_else(|_| std::alloc::handle_alloc_error(std::alloc::Layout::new::<Block>()))
     }
 
     /// A new domain, or `Err` if the kernel refuses the memory.
+    ///
+    /// ```
+    /// use scalemem::hazard::{Domain, drop_box};
+    ///
+    /// struct Sessions;
+    /// let domain = Domain::try_new(Sessions)?;
+    /// // SAFETY: (1) the box was never shared; (2) it is retired once; (3) `drop_box`
+    /// // frees a box, on any thread.
+    /// unsafe { domain.retire_ptr(Box::into_raw(Box::new(1)), drop_box) };
+    /// assert_eq!(domain.reclaim(), 1);
+    /// # Ok::<(), scalemem::util::AllocError>(())
+    /// ```
     pub fn try_new(family: F) -> Result<Self, AllocError> {
         drop(family);
         Ok(Self { inner: DomainInner::new_mapped()?, _family: PhantomData })
@@ -145,6 +176,34 @@ impl<F> Domain<F> {
     ///    reach it, and it is not linked again.
     /// 2. It is retired once (to one domain), and stays valid until `deleter` runs.
     /// 3. `deleter(ptr)` frees it correctly, and may run on any thread (as if `T: Send`).
+    ///
+    /// ```
+    /// use scalemem::hazard::HazardPointer;
+    /// use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+    ///
+    /// static DELETED: AtomicUsize = AtomicUsize::new(0);
+    /// unsafe fn delete(ptr: *mut u32) {
+    ///     // SAFETY: the only pointers retired with `delete` come from `Box::into_raw`.
+    ///     drop(unsafe { Box::from_raw(ptr) });
+    ///     DELETED.fetch_add(1, Ordering::Relaxed);
+    /// }
+    ///
+    /// let domain = scalemem::unique_domain!();
+    /// let slot = AtomicPtr::new(Box::into_raw(Box::new(1u32)));
+    /// let mut hp = HazardPointer::new_in(&domain);
+    /// // SAFETY: (1) the slot's boxes are retired to `domain` after being unlinked; (2) no
+    /// // `&mut` is taken to them.
+    /// assert_eq!(unsafe { hp.protect(&slot) }, Some(&1));
+    /// let old = slot.swap(core::ptr::null_mut(), Ordering::AcqRel);
+    /// // SAFETY: (1) `old` is unlinked from `slot`, its only link; (2) retired once;
+    /// // (3) `delete` frees a box, on any thread.
+    /// unsafe { domain.retire_ptr(old, delete) };
+    /// domain.reclaim();
+    /// assert_eq!(DELETED.load(Ordering::Relaxed), 0); // `hp` still protects it
+    /// drop(hp);
+    /// domain.reclaim();
+    /// assert_eq!(DELETED.load(Ordering::Relaxed), 1);
+    /// ```
     pub unsafe fn retire_ptr<T>(&self, ptr: *mut T, deleter: unsafe fn(*mut T)) {
         #[repr(C)]
         struct Node {
@@ -182,6 +241,36 @@ impl<F> Domain<F> {
     /// 2. `link` is embedded in the object (or otherwise valid until `reclaim` runs) and
     ///    is not touched by anyone else until then.
     /// 3. `reclaim` frees the object correctly from its link, and may run on any thread.
+    ///
+    /// ```
+    /// use scalemem::hazard::{HazardPointer, Retired};
+    /// use std::ptr::NonNull;
+    /// use std::sync::atomic::{AtomicPtr, Ordering};
+    ///
+    /// #[repr(C)]
+    /// struct Node {
+    ///     link: Retired, // first field, so a *Retired is a *Node
+    ///     value: u64,
+    /// }
+    /// unsafe fn free_node(link: NonNull<Retired>) {
+    ///     // SAFETY: every link retired with `free_node` is the first field of a boxed Node.
+    ///     drop(unsafe { Box::from_raw(link.cast::<Node>().as_ptr()) });
+    /// }
+    ///
+    /// let domain = scalemem::unique_domain!();
+    /// let slot = AtomicPtr::new(Box::into_raw(Box::new(Node { link: Retired::new(), value: 7 })));
+    /// let mut hp = HazardPointer::new_in(&domain);
+    /// // SAFETY: (1) the slot's nodes are retired to `domain` after being unlinked; (2) no
+    /// // `&mut` is taken to them.
+    /// assert_eq!(unsafe { hp.protect(&slot) }.map(|node| node.value), Some(7));
+    /// let node = slot.swap(core::ptr::null_mut(), Ordering::AcqRel);
+    /// // SAFETY: (1) `node` is unlinked from `slot`, its only link, and retired once;
+    /// // (2) `link` is its own, untouched by others; (3) `free_node` frees it, on any thread.
+    /// unsafe { domain.retire(node, NonNull::new(node).unwrap().cast(), free_node) };
+    /// assert_eq!(domain.reclaim(), 0); // `hp` protects the node's address
+    /// hp.reset();
+    /// assert_eq!(domain.reclaim(), 1);
+    /// ```
     pub unsafe fn retire<T>(&self, object: *const T, link: NonNull<Retired>, reclaim: ReclaimFn) {
         let address = object as *const u8 as usize;
         #[cfg(debug_assertions)]
@@ -229,8 +318,21 @@ impl<F> Domain<F> {
     /// freed. Costs one heavy fence (a `membarrier`).
     ///
     /// ```
-    /// let freed = scalemem::hazard::Domain::global().reclaim();
-    /// # let _ = freed;
+    /// use scalemem::hazard::HazardPointer;
+    /// use std::sync::atomic::AtomicPtr;
+    ///
+    /// let domain = scalemem::unique_domain!();
+    /// let p = Box::into_raw(Box::new(5u32));
+    /// let slot = AtomicPtr::new(p);
+    /// let mut hp = HazardPointer::new_in(&domain);
+    /// // SAFETY: `slot` holds a live box until it is retired below.
+    /// assert_eq!(unsafe { hp.protect(&slot) }, Some(&5));
+    /// slot.store(std::ptr::null_mut(), std::sync::atomic::Ordering::Release);
+    /// // SAFETY: (1) unlinked from `slot`; (2) retired once; (3) `drop_box` frees a box.
+    /// unsafe { domain.retire_ptr(p, scalemem::hazard::drop_box::<u32>) };
+    /// assert_eq!(domain.reclaim(), 0); // still protected
+    /// hp.reset();
+    /// assert_eq!(domain.reclaim(), 1);
     /// ```
     pub fn reclaim(&self) -> usize {
         with_thread_block(self.inner, |block| {
@@ -269,6 +371,20 @@ pub const SCAN_THRESHOLD_FACTOR: usize = cfg::THRESHOLD_FACTOR;
 pub const SLOTS_PER_RECORD: usize = cfg::SLOTS;
 
 /// What [`Domain::stats`] reports.
+///
+/// ```
+/// use scalemem::hazard::drop_box;
+///
+/// let domain = scalemem::unique_domain!();
+/// // SAFETY: (1) the box was never shared; (2) it is retired once; (3) `drop_box` frees
+/// // a box, on any thread.
+/// unsafe { domain.retire_ptr(Box::into_raw(Box::new(1)), drop_box) };
+/// let before = domain.stats();
+/// assert_eq!((before.retired, before.scans, before.reclaimed), (1, 0, 0));
+/// domain.reclaim();
+/// let after = domain.stats();
+/// assert_eq!((after.retired, after.scans, after.reclaimed), (0, 1, 1));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DomainStats {
@@ -289,12 +405,36 @@ pub struct DomainStats {
 
 impl DomainStats {
     /// `R = max(C, K * H)`: a thread scans when its list reaches this many objects.
+    ///
+    /// ```
+    /// use scalemem::hazard::{HazardPointer, SCAN_THRESHOLD_FACTOR, SCAN_THRESHOLD_MIN};
+    ///
+    /// let domain = scalemem::unique_domain!();
+    /// let _hp = HazardPointer::new_in(&domain); // maps this thread's first records
+    /// let stats = domain.stats();
+    /// assert!(stats.hazards > 0);
+    /// assert_eq!(stats.threshold(), SCAN_THRESHOLD_MIN.max(SCAN_THRESHOLD_FACTOR * stats.hazards));
+    /// ```
     pub fn threshold(&self) -> usize {
         threshold_for(self.hazards)
     }
 
     /// The bound on [`retired`](DomainStats::retired) when `retiring` records hold
     /// retired objects: `retiring * R` (module doc, "Bounded garbage").
+    ///
+    /// ```
+    /// use scalemem::hazard::drop_box;
+    ///
+    /// let domain = scalemem::unique_domain!();
+    /// for i in 0..3 {
+    ///     // SAFETY: (1) the box was never shared; (2) it is retired once; (3) `drop_box`
+    ///     // frees a box, on any thread.
+    ///     unsafe { domain.retire_ptr(Box::into_raw(Box::new(i)), drop_box) };
+    /// }
+    /// let stats = domain.stats();
+    /// assert_eq!(stats.bound(2), 2 * stats.threshold());
+    /// assert!(stats.retired == 3 && stats.retired <= stats.bound(1)); // one retiring thread
+    /// ```
     pub fn bound(&self, retiring: usize) -> usize {
         retiring.saturating_mul(self.threshold())
     }
@@ -334,6 +474,20 @@ impl<F> fmt::Debug for Domain<F> {
 ///
 /// # Safety
 /// `ptr` came from `Box::into_raw` and is freed once.
+///
+/// ```
+/// use scalemem::hazard::drop_box;
+/// use std::sync::Arc;
+///
+/// let shared = Arc::new(());
+/// let domain = scalemem::unique_domain!();
+/// let boxed = Box::into_raw(Box::new(Arc::clone(&shared)));
+/// // SAFETY: (1) the box was never shared; (2) it is retired once; (3) `drop_box` frees
+/// // a box (its contents are `Send`), on any thread.
+/// unsafe { domain.retire_ptr(boxed, drop_box) };
+/// domain.reclaim();
+/// assert_eq!(Arc::strong_count(&shared), 1); // the box and its contents were dropped
+/// ```
 pub unsafe fn drop_box<T>(ptr: *mut T) {
     // SAFETY: per the contract.
     drop(unsafe { Box::from_raw(ptr) });

@@ -64,6 +64,21 @@ pub struct PercpuOwner<T> {
 /// A counted handle to an object owned by a [`PercpuOwner`]: `clone` is a get and `drop`
 /// a put, per-CPU while the owner lives and atomic after it is dropped; the last drop
 /// after the owner's frees the object.
+///
+/// ```
+/// use std::sync::Arc;
+/// use scalemem::refcount::PercpuOwner;
+///
+/// let witness = Arc::new(()); // counts the copies alive: ours, and the owned object's
+/// let owner = PercpuOwner::new(Arc::clone(&witness)).unwrap();
+/// let a = owner.share();
+/// let b = a.clone(); // a per-CPU get
+/// drop(owner); // kill: atomic mode; the handles keep the object
+/// drop(a);
+/// assert_eq!(Arc::strong_count(&witness), 2); // `b` still holds it
+/// drop(b); // the last put frees the object
+/// assert_eq!(Arc::strong_count(&witness), 1);
+/// ```
 pub struct PercpuArc<T> {
     inner: NonNull<ArcInner<T>>,
     _owns: PhantomData<ArcInner<T>>,
@@ -84,6 +99,18 @@ impl<T> PercpuOwner<T> {
     /// Moves `value` to the heap with a per-CPU count holding the owner's reference.
     /// Fails only if the kernel refuses the memory for the per-CPU slots (a failed `Box`
     /// allocation aborts, as `Box::new` does).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use scalemem::refcount::PercpuOwner;
+    ///
+    /// let witness = Arc::new("table");
+    /// let owner = PercpuOwner::new(Arc::clone(&witness)).unwrap();
+    /// assert_eq!(**owner, "table");
+    /// assert_eq!(Arc::strong_count(&witness), 2); // one copy moved into the object
+    /// drop(owner); // no handle was shared: the kill drops the last reference and frees it
+    /// assert_eq!(Arc::strong_count(&witness), 1);
+    /// ```
     pub fn new(value: T) -> Result<Self, AllocError> {
         let inner = Box::new(ArcInner { rc: RawRef::new(Init::PerCpu)?, value });
         Ok(Self { inner: NonNull::from(Box::leak(inner)), _owns: PhantomData })
@@ -107,6 +134,19 @@ impl<T> PercpuOwner<T> {
     }
 
     /// Drops the owner (kills the count); the same as `drop(owner)`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use scalemem::refcount::PercpuOwner;
+    ///
+    /// let witness = Arc::new(5);
+    /// let owner = PercpuOwner::new(Arc::clone(&witness)).unwrap();
+    /// let handle = owner.share();
+    /// owner.kill(); // the count turns atomic; `handle` keeps the object alive
+    /// assert_eq!(**handle, 5);
+    /// drop(handle); // the last put frees it
+    /// assert_eq!(Arc::strong_count(&witness), 1);
+    /// ```
     pub fn kill(self) {
         drop(self);
     }

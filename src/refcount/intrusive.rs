@@ -36,6 +36,44 @@ use super::rcref::{FreeStep, Header, add_count};
 use crate::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 /// What runs when an intrusively counted object is freed.
+///
+/// ```
+/// use core::ptr::NonNull;
+/// use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+/// use scalemem::refcount::{Config, RcHeader, RcRelease, Refcache};
+///
+/// #[repr(C)]
+/// struct Region {
+///     header: RcHeader, // first field: the header's address is the region's
+///     pages: usize,
+/// }
+/// static PAGES_FREED: AtomicUsize = AtomicUsize::new(0);
+/// struct FreeRegion;
+/// impl RcRelease for FreeRegion {
+///     unsafe fn release(header: NonNull<RcHeader>) {
+///         // SAFETY: every header released here is the first field of a boxed repr(C)
+///         // Region, cast from the box's pointer; the domain releases it once and never
+///         // touches it again.
+///         let region = unsafe { Box::from_raw(header.cast::<Region>().as_ptr()) };
+///         PAGES_FREED.fetch_add(region.pages, SeqCst);
+///     }
+/// }
+///
+/// let cache = Refcache::with_config(Config::manual()).unwrap();
+/// let region = Box::into_raw(Box::new(Region { header: RcHeader::new::<FreeRegion>(), pages: 16 }));
+/// let obj = NonNull::new(region).unwrap().cast::<RcHeader>();
+/// // SAFETY: a fresh header, registered once, valid until FreeRegion frees the region.
+/// unsafe { cache.register(obj) };
+/// // SAFETY: gives up the creator's reference; registered.
+/// unsafe { cache.dec(obj) };
+/// let mut ticks = 0;
+/// while PAGES_FREED.load(SeqCst) == 0 {
+///     cache.tick(); // zero for two whole epochs, untouched: FreeRegion runs
+///     ticks += 1;
+///     assert!(ticks <= 8, "never released");
+/// }
+/// assert_eq!(PAGES_FREED.load(SeqCst), 16);
+/// ```
 pub trait RcRelease {
     /// Called once, on the thread that reviews the object, when its count has stayed
     /// zero and untouched for two whole epochs (or when the domain is dropped with the
@@ -58,14 +96,15 @@ pub trait RcRelease {
 /// static RELEASED: AtomicUsize = AtomicUsize::new(0);
 /// struct CountRelease;
 /// impl RcRelease for CountRelease {
-///     unsafe fn release(_: NonNull<RcHeader>) {
+///     unsafe fn release(header: NonNull<RcHeader>) {
+///         // SAFETY: the header is the `Box` below, released once and not used after.
+///         drop(unsafe { Box::from_raw(header.as_ptr()) });
 ///         RELEASED.fetch_add(1, Ordering::Relaxed);
 ///     }
 /// }
 ///
 /// let cache = Refcache::with_config(Config::manual()).unwrap();
-/// let header = Box::leak(Box::new(RcHeader::new::<CountRelease>()));
-/// let obj = NonNull::from(&*header);
+/// let obj = NonNull::from(Box::leak(Box::new(RcHeader::new::<CountRelease>())));
 /// // SAFETY: a fresh header (count 1) that stays valid until released.
 /// unsafe {
 ///     cache.register(obj);
@@ -73,8 +112,11 @@ pub trait RcRelease {
 ///     cache.dec(obj); // 1
 ///     cache.dec(obj); // 0: freed two epochs later, unless revived
 /// }
+/// let mut ticks = 0;
 /// while RELEASED.load(Ordering::Relaxed) == 0 {
-///     cache.tick();
+///     cache.tick(); // zero for two whole epochs, untouched: released
+///     ticks += 1;
+///     assert!(ticks <= 8, "never released");
 /// }
 /// ```
 #[repr(transparent)]
@@ -83,6 +125,34 @@ pub struct RcHeader(Header);
 impl RcHeader {
     /// A header with a count of one (the creator's reference), whose release runs
     /// `R::release`. Register it with [`Refcache::register`] before counting through it.
+    ///
+    /// ```
+    /// use core::ptr::NonNull;
+    /// use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    /// use scalemem::refcount::{Config, RcHeader, RcRelease, Refcache};
+    ///
+    /// static RELEASED: AtomicBool = AtomicBool::new(false);
+    /// struct FreeBox;
+    /// impl RcRelease for FreeBox {
+    ///     unsafe fn release(header: NonNull<RcHeader>) {
+    ///         // SAFETY: the header released here came from `Box::new`, and the domain
+    ///         // releases it once and never touches it again.
+    ///         drop(unsafe { Box::from_raw(header.as_ptr()) });
+    ///         RELEASED.store(true, SeqCst);
+    ///     }
+    /// }
+    ///
+    /// let header = RcHeader::new::<FreeBox>();
+    /// assert_eq!(header.global_count(), 1); // the creator's reference
+    /// let cache = Refcache::with_config(Config::manual()).unwrap();
+    /// let obj = NonNull::from(Box::leak(Box::new(header)));
+    /// // SAFETY: a fresh header, registered once, valid until FreeBox frees it.
+    /// unsafe { cache.register(obj) };
+    /// // SAFETY: gives up the creator's reference; registered.
+    /// unsafe { cache.dec(obj) };
+    /// drop(cache); // the count is zero: the domain releases it on its way out
+    /// assert!(RELEASED.load(SeqCst));
+    /// ```
     pub fn new<R: RcRelease>() -> Self {
         Self(Header {
             state: AtomicUsize::new(add_count(0, 1)),
@@ -96,6 +166,37 @@ impl RcHeader {
 
     /// The global count (without the deltas cached on CPUs, so not the true count): for
     /// statistics and tests.
+    ///
+    /// ```
+    /// use core::ptr::NonNull;
+    /// use scalemem::refcount::{Config, RcHeader, RcRelease, Refcache};
+    ///
+    /// struct FreeBox;
+    /// impl RcRelease for FreeBox {
+    ///     unsafe fn release(header: NonNull<RcHeader>) {
+    ///         // SAFETY: the header released here came from `Box::new`, and the domain
+    ///         // releases it once and never touches it again.
+    ///         drop(unsafe { Box::from_raw(header.as_ptr()) });
+    ///     }
+    /// }
+    ///
+    /// let cache = Refcache::with_config(Config::manual()).unwrap();
+    /// let obj = NonNull::from(Box::leak(Box::new(RcHeader::new::<FreeBox>())));
+    /// // SAFETY: a fresh header, registered once, valid until FreeBox frees it.
+    /// unsafe { cache.register(obj) };
+    /// // SAFETY: we hold the creator's reference, so the count is not zero; registered.
+    /// unsafe { cache.inc(obj) }; // a +1 delta, cached on this CPU
+    /// cache.tick();
+    /// cache.tick(); // every CPU's cache flushed into the header
+    /// // SAFETY: our two references keep the header alive (FreeBox has not run).
+    /// assert_eq!(unsafe { obj.as_ref() }.global_count(), 2);
+    /// // SAFETY: gives up both our references; registered.
+    /// unsafe {
+    ///     cache.dec(obj);
+    ///     cache.dec(obj);
+    /// }
+    /// drop(cache); // flushes the -2 and releases the header (count zero)
+    /// ```
     pub fn global_count(&self) -> isize {
         // Relaxed: a statistic.
         super::rcref::count_of(self.0.state.load(Ordering::Relaxed))
@@ -122,6 +223,38 @@ unsafe fn release_shim<R: RcRelease>(this: NonNull<Header>, step: FreeStep) {
     }
 }
 
+/// Counting objects that embed an [`RcHeader`], through raw pointers.
+///
+/// ```
+/// use core::ptr::NonNull;
+/// use scalemem::refcount::{Config, RcHeader, RcRelease, Refcache};
+///
+/// struct FreeBox; // frees a boxed header once its count has stayed zero
+/// impl RcRelease for FreeBox {
+///     unsafe fn release(header: NonNull<RcHeader>) {
+///         // SAFETY: every header released here came from `Box::new`, and the domain
+///         // never touches it again.
+///         drop(unsafe { Box::from_raw(header.as_ptr()) });
+///     }
+/// }
+///
+/// let cache = Refcache::with_config(Config::manual()).unwrap();
+/// let obj = NonNull::from(Box::leak(Box::new(RcHeader::new::<FreeBox>())));
+/// // SAFETY: a fresh header, registered once, valid until FreeBox frees it.
+/// unsafe { cache.register(obj) };
+/// // SAFETY: we hold the creator's reference, so the count is not zero; registered.
+/// unsafe { cache.inc(obj) }; // a second reference, cached on this CPU
+/// // SAFETY: both references are ours to drop; registered.
+/// unsafe { cache.dec(obj) };
+/// unsafe { cache.dec(obj) };
+/// let mut ticks = 0;
+/// while cache.stats().freed == 0 {
+///     cache.tick(); // zero for two whole epochs: FreeBox runs
+///     ticks += 1;
+///     assert!(ticks <= 8, "never freed");
+/// }
+/// assert_eq!(cache.stats().live, 0);
+/// ```
 impl Refcache {
     /// Adopts a fresh header (count one, from [`RcHeader::new`]) into this domain's
     /// statistics. Counting operations through a header must all use one domain.
@@ -129,6 +262,30 @@ impl Refcache {
     /// # Safety
     /// `obj` is a header made by `RcHeader::new`, not yet counted through, that stays
     /// valid until its release callback runs; it is registered once.
+    ///
+    /// ```
+    /// use core::ptr::NonNull;
+    /// use scalemem::refcount::{Config, RcHeader, RcRelease, Refcache};
+    ///
+    /// struct FreeBox; // frees a boxed header once its count has stayed zero
+    /// impl RcRelease for FreeBox {
+    ///     unsafe fn release(header: NonNull<RcHeader>) {
+    ///         // SAFETY: every header released here came from `Box::new`, and the domain
+    ///         // never touches it again.
+    ///         drop(unsafe { Box::from_raw(header.as_ptr()) });
+    ///     }
+    /// }
+    ///
+    /// let cache = Refcache::with_config(Config::manual()).unwrap();
+    /// let obj = NonNull::from(Box::leak(Box::new(RcHeader::new::<FreeBox>())));
+    /// assert_eq!(cache.stats().live, 0);
+    /// // SAFETY: a fresh header, registered once, valid until FreeBox frees it.
+    /// unsafe { cache.register(obj) };
+    /// assert_eq!(cache.stats().live, 1);
+    /// // SAFETY: drops the creator's reference; registered.
+    /// unsafe { cache.dec(obj) };
+    /// drop(cache); // the count is zero: the domain frees it on its way out
+    /// ```
     pub unsafe fn register(&self, obj: NonNull<RcHeader>) {
         let _ = obj;
         // Relaxed: a statistic.
@@ -142,6 +299,37 @@ impl Refcache {
     /// The caller holds a reference to `obj` (or knows the count is not zero, which is
     /// the same thing), so the object is not being freed; `obj` is registered with this
     /// domain.
+    ///
+    /// ```
+    /// use core::ptr::NonNull;
+    /// use scalemem::refcount::{Config, RcHeader, RcRelease, Refcache};
+    ///
+    /// struct FreeBox; // frees a boxed header once its count has stayed zero
+    /// impl RcRelease for FreeBox {
+    ///     unsafe fn release(header: NonNull<RcHeader>) {
+    ///         // SAFETY: every header released here came from `Box::new`, and the domain
+    ///         // never touches it again.
+    ///         drop(unsafe { Box::from_raw(header.as_ptr()) });
+    ///     }
+    /// }
+    ///
+    /// let cache = Refcache::with_config(Config::manual()).unwrap();
+    /// let obj = NonNull::from(Box::leak(Box::new(RcHeader::new::<FreeBox>())));
+    /// // SAFETY: a fresh header, registered once, valid until FreeBox frees it.
+    /// unsafe { cache.register(obj) };
+    /// // SAFETY: we hold the creator's reference, so the count is not zero; registered.
+    /// unsafe { cache.inc(obj) };
+    /// // SAFETY: gives up the creator's reference; registered.
+    /// unsafe { cache.dec(obj) };
+    /// for _ in 0..8 {
+    ///     cache.tick();
+    /// }
+    /// assert_eq!(cache.stats().freed, 0); // the reference taken by `inc` keeps it
+    /// // SAFETY: the count is one (ours), so FreeBox has not run: the header is valid.
+    /// assert_eq!(unsafe { obj.as_ref() }.global_count(), 1); // every delta flushed
+    /// // SAFETY: gives up the reference taken by `inc`; registered.
+    /// unsafe { cache.dec(obj) };
+    /// ```
     #[inline]
     pub unsafe fn inc(&self, obj: NonNull<RcHeader>) {
         self.domain().add(obj.cast(), 1);
@@ -153,6 +341,34 @@ impl Refcache {
     ///
     /// # Safety
     /// The caller gives up a reference it holds; `obj` is registered with this domain.
+    ///
+    /// ```
+    /// use core::ptr::NonNull;
+    /// use scalemem::refcount::{Config, RcHeader, RcRelease, Refcache};
+    ///
+    /// struct FreeBox; // frees a boxed header once its count has stayed zero
+    /// impl RcRelease for FreeBox {
+    ///     unsafe fn release(header: NonNull<RcHeader>) {
+    ///         // SAFETY: every header released here came from `Box::new`, and the domain
+    ///         // never touches it again.
+    ///         drop(unsafe { Box::from_raw(header.as_ptr()) });
+    ///     }
+    /// }
+    ///
+    /// let cache = Refcache::with_config(Config::manual()).unwrap();
+    /// let obj = NonNull::from(Box::leak(Box::new(RcHeader::new::<FreeBox>())));
+    /// // SAFETY: a fresh header, registered once, valid until FreeBox frees it.
+    /// unsafe { cache.register(obj) };
+    /// // SAFETY: gives up the creator's reference; registered.
+    /// unsafe { cache.dec(obj) };
+    /// assert_eq!(cache.stats().freed, 0); // not at once: zero is detected by epochs
+    /// let mut ticks = 0;
+    /// while cache.stats().freed == 0 {
+    ///     cache.tick();
+    ///     ticks += 1;
+    ///     assert!(ticks <= 8, "never freed");
+    /// }
+    /// ```
     #[inline]
     pub unsafe fn dec(&self, obj: NonNull<RcHeader>) {
         self.domain().add(obj.cast(), -1);
@@ -166,6 +382,36 @@ impl Refcache {
     /// The header's memory is valid during the call: its release callback has not
     /// returned, and does not return while the call runs (see the module documentation
     /// for the usual lock).
+    ///
+    /// ```
+    /// use core::ptr::NonNull;
+    /// use scalemem::refcount::{Config, RcHeader, RcRelease, Refcache};
+    ///
+    /// struct FreeBox; // frees a boxed header once its count has stayed zero
+    /// impl RcRelease for FreeBox {
+    ///     unsafe fn release(header: NonNull<RcHeader>) {
+    ///         // SAFETY: every header released here came from `Box::new`, and the domain
+    ///         // never touches it again.
+    ///         drop(unsafe { Box::from_raw(header.as_ptr()) });
+    ///     }
+    /// }
+    ///
+    /// let cache = Refcache::with_config(Config::manual()).unwrap();
+    /// let obj = NonNull::from(Box::leak(Box::new(RcHeader::new::<FreeBox>())));
+    /// // SAFETY: a fresh header, registered once, valid until FreeBox frees it.
+    /// unsafe { cache.register(obj) };
+    /// // SAFETY: gives up the creator's reference; registered.
+    /// unsafe { cache.dec(obj) }; // zero: freed in a few epochs unless revived
+    /// // SAFETY: no tick has run since the count reached zero, so FreeBox has not run and
+    /// // cannot run during the call (only `tick` and the domain's drop free).
+    /// assert!(unsafe { cache.try_revive(obj) });
+    /// for _ in 0..8 {
+    ///     cache.tick();
+    /// }
+    /// assert_eq!(cache.stats().freed, 0); // the revived reference keeps it
+    /// // SAFETY: gives up the revived reference; registered.
+    /// unsafe { cache.dec(obj) };
+    /// ```
     pub unsafe fn try_revive(&self, obj: NonNull<RcHeader>) -> bool {
         // SAFETY: valid per the contract; RcHeader is repr(transparent) over Header.
         unsafe { obj.cast::<Header>().as_ref() }.try_upgrade()

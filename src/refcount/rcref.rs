@@ -176,8 +176,11 @@ impl<T> RcBox<T> {
 /// let b = a.clone();
 /// assert_eq!(*b, "hello");
 /// drop((a, b));
+/// let mut ticks = 0;
 /// while cache.stats().live > 0 {
 ///     cache.tick(); // flush every CPU's deltas, advance the epoch, review
+///     ticks += 1;
+///     assert!(ticks <= 8, "never freed");
 /// }
 /// ```
 pub struct RcRef<'d, T> {
@@ -241,6 +244,25 @@ impl<'d, T> RcRef<'d, T> {
 
     /// A weak reference to the same object (an associated function, like
     /// `Arc::downgrade`, so that it does not shadow a method of `T`).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use scalemem::refcount::{Config, RcRef, Refcache};
+    ///
+    /// let cache = Refcache::with_config(Config::manual()).unwrap();
+    /// let witness = Arc::new(());
+    /// let strong = cache.alloc(Arc::clone(&witness));
+    /// let weak = RcRef::downgrade(&strong);
+    /// drop(strong); // the weak handle does not keep the object alive
+    /// let mut ticks = 0;
+    /// while cache.stats().freed == 0 {
+    ///     cache.tick();
+    ///     ticks += 1;
+    ///     assert!(ticks <= 8, "never freed");
+    /// }
+    /// assert_eq!(Arc::strong_count(&witness), 1); // the value is dropped while `weak` lives
+    /// assert!(weak.upgrade().is_none());
+    /// ```
     pub fn downgrade(this: &Self) -> RcWeak<'d, T> {
         // SAFETY: our strong reference keeps the header alive.
         let header = unsafe { this.obj.as_ref() };
@@ -250,6 +272,15 @@ impl<'d, T> RcRef<'d, T> {
     }
 
     /// Whether two handles refer to the same object.
+    ///
+    /// ```
+    /// use scalemem::refcount::{Config, RcRef, Refcache};
+    ///
+    /// let cache = Refcache::with_config(Config::manual()).unwrap();
+    /// let (a, b) = (cache.alloc(1), cache.alloc(1));
+    /// assert!(RcRef::ptr_eq(&a, &a.clone()));
+    /// assert!(!RcRef::ptr_eq(&a, &b)); // equal values, two objects
+    /// ```
     pub fn ptr_eq(this: &Self, other: &Self) -> bool {
         this.obj == other.obj
     }
@@ -289,6 +320,24 @@ impl<'d, T> RcWeak<'d, T> {
     /// count is zero and the object waits for review: the upgrade then clears the
     /// object's dying bit, which stops the reviewer from freeing it. One SeqCst RMW on
     /// the object's header (not a per-CPU operation).
+    ///
+    /// ```
+    /// use scalemem::refcount::{Config, RcRef, Refcache};
+    ///
+    /// let cache = Refcache::with_config(Config::manual()).unwrap();
+    /// let strong = cache.alloc(vec![1, 2]);
+    /// let weak = RcRef::downgrade(&strong);
+    /// let again = weak.upgrade().expect("a strong reference exists");
+    /// assert!(RcRef::ptr_eq(&strong, &again));
+    /// drop((strong, again));
+    /// let mut ticks = 0;
+    /// while cache.stats().live > 0 {
+    ///     cache.tick(); // zero for two whole epochs, untouched: freed
+    ///     ticks += 1;
+    ///     assert!(ticks <= 8, "never freed");
+    /// }
+    /// assert!(weak.upgrade().is_none()); // freed: no upgrade any more
+    /// ```
     pub fn upgrade(&self) -> Option<RcRef<'d, T>> {
         // SAFETY: our weak unit keeps the header alive.
         let header = unsafe { self.obj.as_ref() };

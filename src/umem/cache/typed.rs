@@ -25,6 +25,18 @@ pub struct TypedCache<T: Send> {
 
 impl<T: Send> TypedCache<T> {
     /// A cache of `T`s made by `init`, over the process-wide regions, default [`Config`].
+    ///
+    /// ```
+    /// use scalemem::umem::cache::TypedCache;
+    ///
+    /// let cache = TypedCache::new("counters", || 0u64)?;
+    /// let mut a = cache.alloc()?;
+    /// *a += 1;
+    /// let b = cache.alloc()?; // nothing was freed yet: a fresh object from `init`
+    /// assert_eq!((*a, *b), (1, 0));
+    /// assert_eq!(cache.raw().stats().ctor_calls, 2);
+    /// # Ok::<(), scalemem::umem::cache::CacheError>(())
+    /// ```
     pub fn new(name: &'static str, init: impl Fn() -> T + Send + Sync + 'static) -> Result<Self, CacheError> {
         Self::builder(name, init, ObjectCache::builder(name, 0, 1))
     }
@@ -33,7 +45,12 @@ impl<T: Send> TypedCache<T> {
     ///
     /// ```
     /// use scalemem::umem::cache::{Config, TypedCache};
-    /// let regions = Box::leak(Box::new(scalemem::umem::region::Regions::new()?));
+    /// use scalemem::umem::region::Regions;
+    /// use std::sync::OnceLock;
+    ///
+    /// // The manager must outlive every cache over it: a static.
+    /// static REGIONS: OnceLock<Regions> = OnceLock::new();
+    /// let regions = REGIONS.get_or_init(|| Regions::new().unwrap());
     /// let config = Config { reaper: false, ..Config::default() };
     /// let cache = TypedCache::new_in(regions, "strings", config, || String::from("fresh"))?;
     /// assert_eq!(*cache.alloc()?, "fresh");
@@ -76,7 +93,9 @@ impl<T: Send> TypedCache<T> {
     /// let mut n = cache.alloc()?;
     /// *n += 1;
     /// drop(n);
-    /// let again = cache.alloc()?; // this CPU's magazine gives the same object back
+    /// // The same object back from this CPU's magazine, as its last user left it (6); or,
+    /// // had this thread moved to another CPU in between, a fresh one (5).
+    /// let again = cache.alloc()?;
     /// assert!(*again == 6 || *again == 5);
     /// # Ok::<(), scalemem::umem::cache::CacheError>(())
     /// ```
@@ -87,6 +106,18 @@ impl<T: Send> TypedCache<T> {
     }
 
     /// The untyped cache under this one (stats, reap, update, destroy).
+    ///
+    /// ```
+    /// let cache = scalemem::umem::cache::TypedCache::new("buffers", || vec![0u8; 256])?;
+    /// let buf = cache.alloc()?;
+    /// assert_eq!(cache.raw().stats().in_use, 1);
+    /// drop(buf); // back to a magazine, still constructed
+    /// cache.raw().reap(); // drains the magazines: every object is destructed
+    /// let s = cache.raw().stats();
+    /// assert_eq!((s.in_use, s.constructed, s.cpu_rounds), (0, 0, 0));
+    /// assert_eq!(s.ctor_calls, s.dtor_calls);
+    /// # Ok::<(), scalemem::umem::cache::CacheError>(())
+    /// ```
     pub fn raw(&self) -> &ObjectCache {
         &self.cache
     }
