@@ -147,8 +147,9 @@ impl<K: Ord, R: Reclaim> OrderedList<K, R> {
                     continue 'retry;
                 }
                 if marked(next) {
-                    // `cur` is deleted: unlink it. Release: publishes nothing new, but
-                    // keeps the link changes in one Release chain for readers' Acquire.
+                    // `cur` is deleted: unlink it. Release: passes on what protecting
+                    // `next` acquired (the successor's initialisation) to traversals
+                    // that reach it through `prev` with Acquire.
                     let succ = unmarked(next);
                     // SAFETY: as above.
                     let unlinked =
@@ -223,7 +224,7 @@ impl<K: Ord, R: Reclaim> OrderedList<K, R> {
                 drop(unsafe { Box::from_raw(node) });
                 return false;
             }
-            // SAFETY: ours until published.
+            // SAFETY: ours until published. Relaxed: the Release CAS below publishes it.
             unsafe { (*node).next.store(pos.cur, Ordering::Relaxed) };
             // Release: publishes the node's contents to traversals' Acquire loads.
             // SAFETY: `prev` is the head or a protected node's link.
@@ -275,7 +276,8 @@ impl<K: Ord, R: Reclaim> OrderedList<K, R> {
             if cur_ref.next.compare_exchange(next, marked_next, Ordering::Acquire, Ordering::Relaxed).is_err() {
                 continue;
             }
-            // Try to unlink it ourselves; if that fails, a find does it.
+            // Try to unlink it ourselves; if that fails, a find does it. Release: passes on
+            // what the Acquire mark acquired (`next`'s initialisation) to traversals.
             // SAFETY: `prev` is the head or a protected node's link.
             let unlinked =
                 unsafe { &*pos.prev }.compare_exchange(pos.cur, next, Ordering::Release, Ordering::Relaxed).is_ok();

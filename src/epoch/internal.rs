@@ -221,6 +221,8 @@ impl Global {
             // Teardown: every remaining bag and batch runs now, whatever its epoch.
             reclaim_list(global.bags.take_all());
             reclaim_list(global.batches.take_all());
+            // Acquire (both chunk lists): pairs with the Release CASes in push_list (the
+            // Acquire fence in release_ref has ordered them before us already).
             let mut chunk = global.bag_chunks.swap(ptr::null_mut(), Ordering::Acquire);
             while let Some(c) = NonNull::new(chunk) {
                 chunk = (*c.as_ptr()).next;

@@ -489,6 +489,8 @@ impl DomainInner {
         // SAFETY: per the contract we are the only user of the domain and its memory.
         unsafe {
             let inner = this.as_ref();
+            // Acquire (here and for `chunks` below): pairs with the Release CASes in
+            // push_list (the last put's AcqRel has ordered them before us already).
             let mut cursor = inner.registry.load(Ordering::Acquire);
             while let Some(block) = NonNull::new(cursor) {
                 let b = block.as_ref();

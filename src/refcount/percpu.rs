@@ -274,6 +274,7 @@ impl RawRef {
     #[cold]
     #[inline(never)]
     fn get_slow(&self, n: usize) {
+        // Relaxed slot CAS: a get publishes nothing (see add_slot).
         if self.mode() & ATOMIC == 0 && self.add_slot(n as isize, Ordering::Relaxed) {
             return;
         }
@@ -291,6 +292,7 @@ impl RawRef {
     #[cold]
     #[inline(never)]
     fn tryget_slow(&self, n: usize, live: bool) -> bool {
+        // Relaxed slot CAS: as in get_slow; an unsealed slot means the ref is alive.
         if self.mode() & ATOMIC == 0 && self.add_slot(n as isize, Ordering::Relaxed) {
             return true;
         }
@@ -323,6 +325,7 @@ impl RawRef {
     #[cold]
     #[inline(never)]
     fn put_slow(&self, n: usize) -> bool {
+        // Release slot CAS: pairs with the AcqRel sealing fetch_or of the fold (see add_slot).
         if self.mode() & ATOMIC == 0 && self.add_slot((n as isize).wrapping_neg(), Ordering::Release) {
             return false;
         }

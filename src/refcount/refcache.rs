@@ -989,6 +989,7 @@ impl Refcache {
                 }
             }
         }
+        // Acquire: pairs with the Release pushes in `enqueue` (their `next` links).
         let inbox = domain.inbox.load(Ordering::Acquire);
         // SAFETY: we hold the advancer lock, which owns the review list.
         let review = domain.review.with(|list| unsafe { (*list).head });

@@ -458,6 +458,7 @@ mod imp {
             if let Some(record) = self.record
                 && record.is_idle()
             {
+                // Release: pairs with the Acquire CAS in `Registry::claim`.
                 record.claimed.store(0, Ordering::Release);
             }
         }

@@ -1520,6 +1520,7 @@ impl Inner {
         self.cpu.update(&mut counted);
         self.cpu.reap(&mut counted);
         // The word packs (idle intervals << 32 | low 32 bits of the misses seen).
+        // Relaxed: a heuristic; concurrent updates at worst miscount an interval.
         let word = self.decay.load(Ordering::Relaxed);
         let (seen, idle) = (word & 0xFFFF_FFFF, word >> 32);
         let idle = if seen == misses { idle + 1 } else { 0 };
@@ -1543,6 +1544,7 @@ impl Inner {
         }
         // Re-read the misses: this update's reap and the decay's drain are not traffic.
         // (User traffic that lands while this update runs is missed for one interval.)
+        // Relaxed: statistics and the heuristic word, as above.
         let misses = self.misses.load(Ordering::Relaxed) & 0xFFFF_FFFF;
         self.decay.store(idle << 32 | misses, Ordering::Relaxed);
         count

@@ -826,6 +826,7 @@ impl Heap {
         if !self.maint.try_lock() {
             return TICK_NS;
         }
+        // Relaxed: as above.
         self.next_tick.store(now + TICK_NS, Ordering::Relaxed);
         let busy = if force {
             self.regions.tick();
@@ -842,6 +843,7 @@ impl Heap {
         for cache in self.made() {
             cache.grow_if_busy(GROW_FAILURES, GROW_EXCHANGES, GROW_MAX_BYTES);
         }
+        // Relaxed: as above (a hint, written under the try-lock).
         if force || now >= self.next_update.load(Ordering::Relaxed) {
             self.next_update.store(now + UPDATE_NS, Ordering::Relaxed);
             for cache in self.made() {

@@ -134,6 +134,7 @@ impl Magazine {
     /// `mag` is unreachable for any thread that pins from now on (popped from the depot
     /// or taken from a stopped CPU slot), and retired once.
     pub(crate) unsafe fn retire(mag: NonNull<Magazine>, guard: &Guard) {
+        // Relaxed: a hint (see RETIRED).
         #[cfg(not(scalemem_loom))]
         RETIRED.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
         // SAFETY: `link` is the first field, so the cast is the link's address; the
@@ -160,6 +161,7 @@ static RETIRED: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsiz
 /// collects, and a cache that went idle kept their pages (it could be megabytes) until
 /// some later pin. Returns the bytes given back.
 pub(crate) fn trim(settle: bool) -> usize {
+    // Relaxed: a hint (see RETIRED).
     #[cfg(not(scalemem_loom))]
     if RETIRED.load(core::sync::atomic::Ordering::Relaxed) != 0 {
         crate::epoch::pin().flush();
@@ -190,6 +192,7 @@ pub(crate) fn fork_unlock() {
 /// `link` is the link of a magazine retired by [`Magazine::retire`], whose grace period
 /// has passed.
 unsafe fn reclaim(link: NonNull<Retired>) {
+    // Relaxed: a hint (see RETIRED).
     #[cfg(not(scalemem_loom))]
     RETIRED.fetch_sub(1, core::sync::atomic::Ordering::Relaxed);
     // SAFETY: the link is the magazine's first field, and nobody can reach it any more.

@@ -1112,7 +1112,7 @@ impl<'r> SlabCache<'r> {
                             offset.is_multiple_of(c.chunk) && index < locked.fresh,
                             "slab: free object out of place"
                         );
-                        // SAFETY: live header.
+                        // SAFETY: live header. Relaxed: writers hold the lock we hold.
                         let word = unsafe { (*h).bits[bit_word(index)].load(Ordering::Relaxed) };
                         assert!(word & (1 << (index % 64)) == 0, "slab: free object marked allocated");
                         // SAFETY: a free object's first word is the link.
