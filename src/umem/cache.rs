@@ -1038,6 +1038,54 @@ impl ObjectCache {
         grew
     }
 
+    /// What this cache's magazines can hold on one CPU, in bytes of objects: its loaded
+    /// and previous magazines at the size in force (what a CPU may cache beyond the
+    /// depot).
+    pub(crate) fn magazine_bytes(&self) -> usize {
+        let inner = self.inner();
+        2 * inner.cpu.magazine_size() * inner.size
+    }
+
+    /// The rounds of the magazines in force.
+    pub(crate) fn magazine_rounds(&self) -> usize {
+        self.inner().cpu.magazine_size()
+    }
+
+    /// Caps the growth rules so that [`magazine_bytes`](Self::magazine_bytes) stays
+    /// within `bytes` (see `CpuCaches::set_growth_cap`).
+    pub(crate) fn cap_growth(&self, bytes: usize) {
+        let inner = self.inner();
+        inner.cpu.set_growth_cap(bytes / (2 * inner.size.max(1)));
+    }
+
+    /// Whether only the cap of [`cap_growth`](Self::cap_growth) holds back the next
+    /// growth step, for magazines of at most `max_bytes` of objects.
+    pub(crate) fn growth_capped(&self, max_bytes: usize) -> bool {
+        let inner = self.inner();
+        inner.cpu.growth_capped(max_bytes / inner.size.max(1))
+    }
+
+    /// Magazines installed from the depot so far (a running count).
+    pub(crate) fn exchanges(&self) -> usize {
+        self.inner().cpu.exchanges()
+    }
+
+    /// Shrinks the magazines one step of the ladder (`CpuCaches::shrink_step`), giving
+    /// the drained objects back as a resize does. Returns whether it shrank.
+    pub(crate) fn shrink_step(&self) -> bool {
+        let inner = self.inner();
+        let mut drained = 0usize;
+        let mut sink = inner.sink();
+        let shrank = inner.cpu.shrink_step(|round| {
+            drained += 1;
+            sink(round);
+        });
+        if shrank {
+            inner.purge_after_resize(drained);
+        }
+        shrank
+    }
+
     /// Counters (see [`CacheStats`]).
     ///
     /// ```

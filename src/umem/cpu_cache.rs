@@ -104,7 +104,10 @@
 //! exceed its CPU's two magazines never contends, but trades magazines with the depot
 //! all the time (tcmalloc and jemalloc size their caches on such misses too). Neither
 //! resizes a layer already at the ladder's top (or its bound): a resize to the same size
-//! would still drain every CPU.
+//! would still drain every CPU. An owner that shares a memory budget among layers
+//! (umem's global heap: one cap per CPU on all its size classes' magazines) caps what
+//! the growth rules may reach with `set_growth_cap` and moves room from an idle layer to
+//! a busy one with `shrink_step`; a cap stops growth, it never shrinks a layer itself.
 
 use core::ptr::{NonNull, null_mut};
 
@@ -507,6 +510,10 @@ pub struct CpuCaches {
     /// The depot exchanges at the last [`grow_if_exchanging`](CpuCaches::grow_if_exchanging).
     tick_exchanges: AtomicUsize,
     resizes: AtomicUsize,
+    /// The most rounds any growth rule may reach now, below [`Config::max_rounds`]: set
+    /// by an owner that shares a memory budget among layers (umem's global heap bounds
+    /// the magazine capacity of all its size classes per CPU). `usize::MAX`: no cap.
+    growth_cap: AtomicUsize,
 }
 
 // SAFETY: every field is Sync/Send except the raw magazine pointers inside the slots
@@ -592,6 +599,7 @@ impl CpuCaches {
             tick_contention: AtomicUsize::new(0),
             tick_exchanges: AtomicUsize::new(0),
             resizes: AtomicUsize::new(0),
+            growth_cap: AtomicUsize::new(usize::MAX),
         })
     }
 
@@ -1027,7 +1035,8 @@ impl CpuCaches {
         let size = self.magazine_size();
         let (idle_full, idle_empty) = self.depot.reapable();
         let target = if delta > self.config.grow_contention {
-            ladder_up(size).min(self.config.max_rounds)
+            // Never below the size in force: a cap stops growth, it does not shrink.
+            ladder_up(size).min(self.growth_limit()).max(size)
         } else if delta == 0 && idle_full + idle_empty >= self.config.shrink_idle {
             LADDER.iter().rev().copied().find(|&r| r < size).unwrap_or(size).max(self.config.min_rounds)
         } else {
@@ -1057,7 +1066,7 @@ impl CpuCaches {
             return false;
         }
         let size = self.magazine_size();
-        let target = ladder_up(size).min(self.config.max_rounds);
+        let target = ladder_up(size).min(self.growth_limit());
         if target <= size {
             return false;
         }
@@ -1086,11 +1095,60 @@ impl CpuCaches {
         let size = self.magazine_size();
         let target = ladder_up(size);
         // At the top of the ladder `ladder_up` gives the size itself: no step, no drain.
-        if target <= size || target > max_rounds.min(self.config.max_rounds) {
+        if target <= size || target > max_rounds.min(self.growth_limit()) {
             return false;
         }
         self.reconfigure(Some(target), &mut sink);
         true
+    }
+
+    /// Caps what the growth rules ([`update`](Self::update),
+    /// [`grow_if_contended`](Self::grow_if_contended),
+    /// [`grow_if_exchanging`](Self::grow_if_exchanging)) may grow the magazines to, below
+    /// [`Config::max_rounds`], until the next call: for an owner that shares a memory
+    /// budget among several layers (umem's global heap, among its size classes). A cap
+    /// below the size in force stops growth; it does not shrink (idleness does).
+    /// `usize::MAX` lifts it.
+    pub(crate) fn set_growth_cap(&self, rounds: usize) {
+        // Relaxed: a hint for the growth rules, which the owner calls after this under
+        // the same serialisation (the global heap's maintenance lock); a stale cap at
+        // worst lets one step through or holds one back.
+        self.growth_cap.store(rounds, Ordering::Relaxed);
+    }
+
+    /// Magazines installed from the depot so far (a running count): how busy the layer
+    /// is, for an owner that shares a budget among layers.
+    pub(crate) fn exchanges(&self) -> usize {
+        self.depot.exchanges()
+    }
+
+    /// Whether the next step of the ladder is within the layer's own bounds
+    /// ([`Config::max_rounds`] and `max_rounds`) but above the cap of
+    /// [`set_growth_cap`](Self::set_growth_cap): growth the cap alone holds back.
+    pub(crate) fn growth_capped(&self, max_rounds: usize) -> bool {
+        let size = self.magazine_size();
+        let next = ladder_up(size);
+        next > size && next <= max_rounds.min(self.config.max_rounds) && next > self.growth_limit()
+    }
+
+    /// Shrinks the magazines one step of the ladder (not below [`Config::min_rounds`]),
+    /// draining everything into `sink`, as the idle rule of [`update`](Self::update)
+    /// does: for an owner that takes room from an idle layer for a busy one. Returns
+    /// whether it shrank.
+    pub(crate) fn shrink_step(&self, mut sink: impl FnMut(NonNull<u8>)) -> bool {
+        let size = self.magazine_size();
+        let target = LADDER.iter().rev().copied().find(|&r| r < size).unwrap_or(size).max(self.config.min_rounds);
+        if target >= size {
+            return false;
+        }
+        self.reconfigure(Some(target), &mut sink);
+        true
+    }
+
+    /// The most rounds a growth rule may reach now.
+    fn growth_limit(&self) -> usize {
+        // Relaxed: see `set_growth_cap`.
+        self.config.max_rounds.min(self.growth_cap.load(Ordering::Relaxed))
     }
 
     /// Takes the reconfiguration mutex without a scope, for `fork`: no drain or resize
@@ -1246,5 +1304,53 @@ impl Drop for CpuCaches {
 impl core::fmt::Debug for CpuCaches {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("CpuCaches").field("rseq", &self.uses_rseq()).field("stats", &self.stats()).finish()
+    }
+}
+
+#[cfg(all(test, not(scalemem_loom)))]
+mod tests {
+    use super::*;
+
+    /// Frees every object of `objects` into `caches` and allocates them all back: with
+    /// magazines far smaller than the set, the CPU trades magazines with the depot.
+    fn churn(caches: &CpuCaches, objects: &mut [u64]) {
+        for object in objects.iter_mut() {
+            if caches.free(NonNull::from(object).cast()).is_err() {
+                // Refused (no magazine could be had): not cached, nothing to take back.
+            }
+        }
+        while caches.alloc().is_some() {}
+    }
+
+    /// A growth cap stops the exchange rule at the cap (and says so), lifting it lets
+    /// the rule grow the magazines, and `shrink_step` walks back down the ladder to the
+    /// minimum and no further.
+    #[test]
+    fn a_growth_cap_holds_growth_and_shrink_step_walks_down() {
+        let caches = CpuCaches::new(Config { initial_rounds: 3, ..Config::default() }).unwrap();
+        let mut objects = vec![0u64; 256];
+        caches.set_growth_cap(5);
+        churn(&caches, &mut objects);
+        assert!(caches.exchanges() > 0, "no magazine was traded with the depot");
+        assert!(!caches.grow_if_exchanging(0, 143, |_| {}), "grew past the cap");
+        assert_eq!(caches.magazine_size(), 3);
+        assert!(caches.growth_capped(143), "the cap alone holds the next step back");
+        assert!(!caches.growth_capped(5), "a step past the caller's own bound is not the cap's doing");
+        caches.set_growth_cap(usize::MAX);
+        assert!(!caches.growth_capped(143));
+        churn(&caches, &mut objects);
+        assert!(caches.grow_if_exchanging(0, 143, |_| {}));
+        assert_eq!(caches.magazine_size(), 7);
+        let mut drained = 0;
+        assert!(caches.shrink_step(|_| drained += 1));
+        assert_eq!(caches.magazine_size(), 3);
+        assert!(caches.shrink_step(|_| drained += 1));
+        assert_eq!(caches.magazine_size(), 1);
+        assert!(!caches.shrink_step(|_| drained += 1), "shrank below the minimum");
+        assert_eq!(caches.magazine_size(), 1);
+        // Nothing cached is lost to the resizes: what they drained plus what is left
+        // is what the churn left cached (nothing: every object was taken back).
+        caches.drain(|_| drained += 1);
+        assert_eq!(drained, 0);
     }
 }

@@ -115,7 +115,7 @@ use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
-use super::cache::{Config, ObjectCache};
+use super::cache::{CacheStats, Config, ObjectCache};
 use super::cpu_cache::{CpuCaches, RawSlots};
 use super::large::{self, LargeConfig, LargeHeap};
 use super::os;
@@ -211,6 +211,10 @@ pub struct UmemStats {
     /// running total: by free-time trims, by [`trim`], and when an empty region is kept
     /// mapped for reuse ([`RegionStats::returned_bytes`](super::region::RegionStats)).
     pub returned: usize,
+    /// What the size classes' magazines can hold on one CPU, all classes together, in
+    /// bytes of objects (each class's loaded and previous magazines at its magazine size
+    /// in force). Growth keeps it within [`CPU_CACHE_BYTES`] (tcmalloc's per-CPU cap).
+    pub cpu_cache_capacity: usize,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -478,6 +482,11 @@ struct Heap {
     /// `large::now_ns` deadlines of the next Refcache tick and the next working-set update.
     next_tick: AtomicU64,
     next_update: AtomicU64,
+    /// Per class, for the per-CPU cache cap ([`CPU_CACHE_BYTES`]): its cache's depot
+    /// exchanges at the last maintenance tick, and when (`large::now_ns`) a tick last saw
+    /// them move. Written under the maintenance lock (and once by `make_cache`).
+    seen_exchanges: [AtomicUsize; NCLASSES],
+    active_ns: [AtomicU64; NCLASSES],
 }
 
 /// How often the regions' Refcache epoch moves on (piggy-backed).
@@ -494,6 +503,40 @@ const GROW_EXCHANGES: usize = 64;
 /// blocks may reach the ladder's 143 rounds, 16 KiB ones 63, and 64 KiB ones stay at
 /// 15 (only contention grows those).
 const GROW_MAX_BYTES: usize = 1 << 20;
+/// The most the size classes' magazines may hold on one CPU, all classes together, in
+/// bytes of objects (each class's loaded and previous magazines at its magazine size,
+/// [`UmemStats::cpu_cache_capacity`]): tcmalloc's per-CPU cache cap, so that what a
+/// CPU caches does not grow with the number of classes a program uses (a class's first
+/// magazines hold up to 3.8 MiB per CPU, a grown one's 2 MiB, and there are dozens of
+/// classes). Room for four classes at the most the growth rules give one.
+///
+/// - A class is made with first magazines that fit in what the others leave (but at
+///   least one round: each class keeps its magazines).
+/// - The growth rules (depot contention, a stream of exchanges) stop at the cap.
+/// - A class that trades magazines fast enough to grow, held back by the cap alone,
+///   takes a step of the ladder from the largest class idle for a working-set interval
+///   (1 s) at the next maintenance tick (tcmalloc's classes steal capacity from each
+///   other); and idle classes shrink by the working-set rule too.
+///
+/// All of it runs in the maintenance, under its lock; a class made while a growth runs
+/// may overshoot the cap by that one step.
+///
+/// ```
+/// use scalemem::umem::global::{CPU_CACHE_BYTES, free, maintain, malloc, stats};
+///
+/// // Bursts in a few classes, each grown at the next maintenance if it traded
+/// // magazines with the depot fast enough.
+/// for size in [20_000, 40_000, 100_000] {
+///     let blocks: Vec<*mut u8> = (0..400).map(|_| malloc(size)).collect();
+///     for p in blocks {
+///         // SAFETY: from `malloc`, freed once.
+///         unsafe { free(p) };
+///     }
+///     maintain();
+/// }
+/// assert!(stats().cpu_cache_capacity <= CPU_CACHE_BYTES);
+/// ```
+pub const CPU_CACHE_BYTES: usize = 8 << 20;
 /// How often each cache's working set is updated (libumem's reap interval).
 const UPDATE_NS: u64 = 1_000_000_000;
 
@@ -595,6 +638,8 @@ fn build_heap() -> Option<*const Heap> {
         maint: SpinLock::new(),
         next_tick: AtomicU64::new(now + TICK_NS),
         next_update: AtomicU64::new(now + UPDATE_NS),
+        seen_exchanges: [const { AtomicUsize::new(0) }; NCLASSES],
+        active_ns: [const { AtomicU64::new(0) }; NCLASSES],
     };
     // SAFETY: a fresh, page-aligned mapping at least `size_of::<Heap>()` long.
     unsafe { mem.as_ptr().write(heap) };
@@ -664,12 +709,15 @@ impl Heap {
         if c.is_null() {
             let size = class_size(class);
             let align = super::sizeclass::class_align(class);
-            let config = Config {
-                reaper: false,
-                magazines: magazine_config(size),
-                trim_threshold: Some(TRIM_THRESHOLD),
-                ..Config::default()
-            };
+            // The class's first magazines fit in what the others leave of the per-CPU
+            // cap (at least one round: a class is never without magazines). Read without
+            // the maintenance lock: a growth running now may overshoot the cap by its
+            // one step.
+            let others = self.made().map(ObjectCache::magazine_bytes).sum::<usize>();
+            let mut magazines = magazine_config(size);
+            magazines.initial_rounds =
+                magazines.initial_rounds.min((CPU_CACHE_BYTES.saturating_sub(others) / (2 * size)).max(1));
+            let config = Config { reaper: false, magazines, trim_threshold: Some(TRIM_THRESHOLD), ..Config::default() };
             // Class i's slab pages carry the tag i + 1 (NCLASSES < 255), which `free`
             // reads to find the class in one load.
             let tag = tag_of(class);
@@ -693,6 +741,11 @@ impl Heap {
                 // Release: pairs with the Acquire load in `fast`.
                 fast_slot.store(ptr::from_ref(cpu).cast_mut(), Ordering::Release);
                 publish_fast_slots(class, cpu);
+                // A new class counts as busy: not a donor of room before it has had a
+                // chance to be used. Relaxed: maintenance state (see `Heap`).
+                if let Some(active) = self.active_ns.get(class.get()) {
+                    active.store(large::now_ns(), Ordering::Relaxed);
+                }
             }
         }
         self.create.unlock();
@@ -839,15 +892,70 @@ impl Heap {
         };
         // Magazines too small for the traffic show as depot contention, or as a stream
         // of exchanges with the depot: grow them within a tick, not a working-set
-        // interval (two loads per cache when there is neither).
-        for cache in self.made() {
-            cache.grow_if_busy(GROW_FAILURES, GROW_EXCHANGES, GROW_MAX_BYTES);
+        // interval (two loads per cache when there is neither). Every growth, here and
+        // in the working-set update, stays within CPU_CACHE_BYTES for all classes: each
+        // class may grow into what the others leave (all growth of the global caches
+        // runs here, under the maintenance lock, so the sum is exact).
+        let mut cached = self.made().map(ObjectCache::magazine_bytes).sum::<usize>();
+        // Runs a resizing `step` of `cache` capped to what the other classes leave, and
+        // keeps `cached` (every class's magazine bytes) exact.
+        fn within(cached: &mut usize, cache: &ObjectCache, step: impl FnOnce(&ObjectCache)) {
+            let own = cache.magazine_bytes();
+            let others = cached.saturating_sub(own);
+            cache.cap_growth(CPU_CACHE_BYTES.saturating_sub(others));
+            step(cache);
+            *cached = others + cache.magazine_bytes();
+        }
+        // A class that traded magazines fast enough to grow, held back by the cap alone,
+        // takes a step from the largest class idle for a working-set interval
+        // (tcmalloc's classes steal capacity from each other): at most one step a tick.
+        let mut starved = false;
+        for (i, slot) in self.caches.iter().enumerate() {
+            // Acquire: as in `cache`.
+            let c = slot.load(Ordering::Acquire);
+            // SAFETY: as in `cache`.
+            let Some(cache) = (unsafe { c.as_ref() }) else { continue };
+            let exchanges = cache.exchanges();
+            // Relaxed (both arrays): maintenance state, under the maintenance lock.
+            let moved =
+                self.seen_exchanges.get(i).map_or(0, |s| exchanges.wrapping_sub(s.swap(exchanges, Ordering::Relaxed)));
+            if moved != 0
+                && let Some(active) = self.active_ns.get(i)
+            {
+                active.store(now, Ordering::Relaxed);
+            }
+            within(&mut cached, cache, |c| {
+                c.grow_if_busy(GROW_FAILURES, GROW_EXCHANGES, GROW_MAX_BYTES);
+            });
+            starved |= moved > GROW_EXCHANGES && cache.growth_capped(GROW_MAX_BYTES);
+        }
+        if starved {
+            let idle = |i: usize| {
+                // Relaxed: as above.
+                self.active_ns.get(i).is_some_and(|a| now.saturating_sub(a.load(Ordering::Relaxed)) >= UPDATE_NS)
+            };
+            let donor = self
+                .caches
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| idle(i))
+                // Acquire: as in `cache`. SAFETY: as in `cache`.
+                .filter_map(|(_, slot)| unsafe { slot.load(Ordering::Acquire).as_ref() })
+                .filter(|cache| cache.magazine_rounds() > 1)
+                .max_by_key(|cache| cache.magazine_bytes());
+            if let Some(donor) = donor {
+                within(&mut cached, donor, |c| {
+                    c.shrink_step();
+                });
+            }
         }
         // Relaxed: as above (a hint, written under the try-lock).
         if force || now >= self.next_update.load(Ordering::Relaxed) {
             self.next_update.store(now + UPDATE_NS, Ordering::Relaxed);
             for cache in self.made() {
-                cache.update();
+                within(&mut cached, cache, |c| {
+                    c.update();
+                });
             }
             self.large.decay();
         }
@@ -1558,9 +1666,31 @@ pub fn stats() -> UmemStats {
         stats.small_cached += (c.constructed - c.in_use.min(c.constructed)) * c.size;
         stats.classes += 1;
         stats.trims += c.trims;
+        stats.cpu_cache_capacity += cache.magazine_bytes();
     }
     stats.in_use += large.in_use;
     stats
+}
+
+/// The counters of the size class that serves `malloc(size)` ([`CacheStats`]), if its
+/// cache is made: jemalloc's per-bin statistics. `None` for a size no class serves (a
+/// large block) and for a class not used yet.
+///
+/// ```
+/// use scalemem::umem::global::{class_stats, free, malloc};
+///
+/// let p = malloc(1000);
+/// let s = class_stats(1000).expect("made by the malloc above");
+/// assert!(s.size >= 1000 && s.in_use >= 1);
+/// assert!(class_stats(64 << 20).is_none()); // a large block: no class
+/// // SAFETY: from `malloc`, freed once.
+/// unsafe { free(p) };
+/// ```
+pub fn class_stats(size: usize) -> Option<CacheStats> {
+    let heap = heap_if_made()?;
+    let class = class_of(size.max(1), MIN_ALIGN)?;
+    let _entered = Entered::enter();
+    heap.made_cache(class).map(ObjectCache::stats)
 }
 
 /// Checks the heap's invariants (each size class's cache, the regions, the large heap)
