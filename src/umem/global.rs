@@ -1420,7 +1420,21 @@ pub fn trim() -> bool {
 /// cached memory back without allocating again.
 ///
 /// ```
-/// scalemem::umem::global::maintain();
+/// use scalemem::umem::global::{free, maintain, malloc, stats};
+///
+/// let p = malloc(1000);
+/// // SAFETY: from `malloc`, freed once.
+/// unsafe { free(p) };
+/// let epoch = stats().region_epoch;
+/// // A step ticks the regions' Refcache, settled or not (unless another thread's
+/// // maintenance holds the lock at that moment: then it does).
+/// for _ in 0..1000 {
+///     maintain();
+///     if stats().region_epoch > epoch {
+///         break;
+///     }
+/// }
+/// assert!(stats().region_epoch > epoch);
 /// ```
 pub fn maintain() {
     if let Some(heap) = heap_if_made() {
