@@ -4,7 +4,7 @@
 //! round); and a busy class the cap holds back takes room from a class that has been idle
 //! for a working-set interval. A binary of its own: it needs the heap to itself.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use scalemem::umem::global::{self, CPU_CACHE_BYTES};
 
@@ -67,6 +67,7 @@ fn classes_share_the_cap_and_an_idle_one_gives_room_to_a_busy_one() {
             within_cap(&format!("round {round}, {size}-byte bursts"));
         }
     }
+    let large_last_busy = Instant::now();
 
     // Their depots emptied (so that the working-set rule, which shrinks a class whose
     // depot magazines sat idle, gives nothing back below): only taking room from an
@@ -84,12 +85,19 @@ fn classes_share_the_cap_and_an_idle_one_gives_room_to_a_busy_one() {
         within_cap("busy class, no idle one");
         held_back = magazine_size(BUSY);
     }
-    let next = LADDER.iter().copied().find(|&r| r > held_back).unwrap();
-    assert!(
-        next <= (1 << 20) / BUSY
-            && global::stats().cpu_cache_capacity + 2 * BUSY * (next - held_back) > CPU_CACHE_BYTES,
-        "the busy class stopped at {held_back} rounds with room to grow: the test does not reach the cap"
-    );
+    // Unless this ran so slowly (a sanitizer, a loaded machine) that the large classes
+    // were already idle for an interval, the busy class is held back by the cap alone.
+    let held_by_cap = large_last_busy.elapsed() < Duration::from_millis(900);
+    if held_by_cap {
+        let next = LADDER.iter().copied().find(|&r| r > held_back).unwrap();
+        assert!(
+            next <= (1 << 20) / BUSY
+                && global::stats().cpu_cache_capacity + 2 * BUSY * (next - held_back) > CPU_CACHE_BYTES,
+            "the busy class stopped at {held_back} rounds with room to grow: the test does not reach the cap"
+        );
+    } else {
+        eprintln!("slow run: the large classes went idle before the busy class was held back");
+    }
     // Once the large classes have been idle for a working-set interval, the busy class
     // takes room from them, step by step.
     std::thread::sleep(Duration::from_millis(1100));
@@ -99,6 +107,10 @@ fn classes_share_the_cap_and_an_idle_one_gives_room_to_a_busy_one() {
         within_cap("busy class taking room");
     }
     let grown = magazine_size(BUSY);
-    assert!(grown > held_back, "the busy class stayed at {held_back} rounds next to idle classes");
+    if held_by_cap {
+        assert!(grown > held_back, "the busy class stayed at {held_back} rounds next to idle classes");
+    } else {
+        assert!(grown >= held_back, "the busy class shrank from {held_back} rounds while busy");
+    }
     global::assert_valid();
 }
