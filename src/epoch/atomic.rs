@@ -312,7 +312,8 @@ impl<T> Atomic<T> {
     }
 
     /// Bitwise-or of the tag with `val`; returns the previous. Marking a node deleted
-    /// (Harris's list) is `fetch_or(1, ..)`.
+    /// (Harris's list) is `fetch_or(1, ..)`. Bits of `val` above the tag (those of `T`'s
+    /// alignment) are ignored: the address never changes.
     ///
     /// ```
     /// use scalemem::epoch::{self, Atomic};
@@ -332,7 +333,8 @@ impl<T> Atomic<T> {
         unsafe { Shared::from_usize(self.data.fetch_or(val & low_bits::<T>(), order)) }
     }
 
-    /// Bitwise-xor of the tag with `val`; returns the previous.
+    /// Bitwise-xor of the tag with `val`; returns the previous. Bits of `val` above the
+    /// tag are ignored, as in [`fetch_or`](Self::fetch_or).
     ///
     /// ```
     /// use scalemem::epoch::{self, Atomic, Shared};

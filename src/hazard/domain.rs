@@ -420,7 +420,8 @@ impl DomainStats {
     }
 
     /// The bound on [`retired`](DomainStats::retired) when `retiring` records hold
-    /// retired objects: `retiring * R` (module doc, "Bounded garbage").
+    /// retired objects: `retiring * R` (module doc, "Bounded garbage"), saturating at
+    /// `usize::MAX`.
     ///
     /// ```
     /// use scalemem::hazard::drop_box;
