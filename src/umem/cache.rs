@@ -1021,21 +1021,30 @@ impl ObjectCache {
     /// or one in checking mode.
     pub(crate) fn grow_if_busy(&self, failures: usize, exchanges: usize, max_bytes: usize) -> bool {
         let inner = self.inner();
+        self.resize_with(|sink| {
+            inner.cpu.grow_if_contended(failures, &mut *sink)
+                || inner.cpu.grow_if_exchanging(exchanges, max_bytes / inner.size.max(1), sink)
+        })
+    }
+
+    /// Runs `resize` on this cache's magazines with a sink for the rounds it drains
+    /// (`resize` says whether it resized), then purges as a resize must
+    /// (`purge_after_resize`). Nothing for a cache in checking mode or destroyed.
+    fn resize_with(&self, resize: impl FnOnce(&mut dyn FnMut(NonNull<u8>)) -> bool) -> bool {
+        let inner = self.inner();
         if inner.checking || inner.is_dead() {
             return false;
         }
         let mut drained = 0usize;
         let mut sink = inner.sink();
-        let mut counted = |round| {
+        let resized = resize(&mut |round| {
             drained += 1;
             sink(round);
-        };
-        let grew = inner.cpu.grow_if_contended(failures, &mut counted)
-            || inner.cpu.grow_if_exchanging(exchanges, max_bytes / inner.size.max(1), &mut counted);
-        if grew {
+        });
+        if resized {
             inner.purge_after_resize(drained);
         }
-        grew
+        resized
     }
 
     /// What this cache's magazines can hold on one CPU, in bytes of objects: its loaded
@@ -1073,17 +1082,7 @@ impl ObjectCache {
     /// Shrinks the magazines one step of the ladder (`CpuCaches::shrink_step`), giving
     /// the drained objects back as a resize does. Returns whether it shrank.
     pub(crate) fn shrink_step(&self) -> bool {
-        let inner = self.inner();
-        let mut drained = 0usize;
-        let mut sink = inner.sink();
-        let shrank = inner.cpu.shrink_step(|round| {
-            drained += 1;
-            sink(round);
-        });
-        if shrank {
-            inner.purge_after_resize(drained);
-        }
-        shrank
+        self.resize_with(|sink| self.inner().cpu.shrink_step(sink))
     }
 
     /// Counters (see [`CacheStats`]).

@@ -130,6 +130,11 @@ fn ladder_up(size: usize) -> usize {
     LADDER.iter().copied().find(|&r| r > size).unwrap_or(size)
 }
 
+/// The ladder's next size below `size`, not below `min` (`size` itself at the bottom).
+fn ladder_down(size: usize, min: usize) -> usize {
+    LADDER.iter().rev().copied().find(|&r| r < size).unwrap_or(size).max(min)
+}
+
 /// Whether the monotone counter now at `now` moved more than `threshold` since the value
 /// `last` holds; if so, records `now` there (the next check measures from it).
 fn moved_past(last: &AtomicUsize, now: usize, threshold: usize) -> bool {
@@ -1038,7 +1043,7 @@ impl CpuCaches {
             // Never below the size in force: a cap stops growth, it does not shrink.
             ladder_up(size).min(self.growth_limit()).max(size)
         } else if delta == 0 && idle_full + idle_empty >= self.config.shrink_idle {
-            LADDER.iter().rev().copied().find(|&r| r < size).unwrap_or(size).max(self.config.min_rounds)
+            ladder_down(size, self.config.min_rounds)
         } else {
             size
         };
@@ -1137,7 +1142,7 @@ impl CpuCaches {
     /// whether it shrank.
     pub(crate) fn shrink_step(&self, mut sink: impl FnMut(NonNull<u8>)) -> bool {
         let size = self.magazine_size();
-        let target = LADDER.iter().rev().copied().find(|&r| r < size).unwrap_or(size).max(self.config.min_rounds);
+        let target = ladder_down(size, self.config.min_rounds);
         if target >= size {
             return false;
         }

@@ -764,11 +764,16 @@ impl Heap {
 
     /// Every cache made so far.
     fn made(&self) -> impl Iterator<Item = &ObjectCache> {
-        self.caches.iter().filter_map(|c| {
+        self.made_classes().map(|(_, cache)| cache)
+    }
+
+    /// Every cache made so far, with its class index.
+    fn made_classes(&self) -> impl Iterator<Item = (usize, &ObjectCache)> {
+        self.caches.iter().enumerate().filter_map(|(i, c)| {
             // Acquire: as in `cache`.
             let c = c.load(Ordering::Acquire);
             // SAFETY: as in `cache`.
-            (!c.is_null()).then(|| unsafe { &*c })
+            (!c.is_null()).then(|| (i, unsafe { &*c }))
         })
     }
 
@@ -910,11 +915,7 @@ impl Heap {
         // takes a step from the largest class idle for a working-set interval
         // (tcmalloc's classes steal capacity from each other): at most one step a tick.
         let mut starved = false;
-        for (i, slot) in self.caches.iter().enumerate() {
-            // Acquire: as in `cache`.
-            let c = slot.load(Ordering::Acquire);
-            // SAFETY: as in `cache`.
-            let Some(cache) = (unsafe { c.as_ref() }) else { continue };
+        for (i, cache) in self.made_classes() {
             let exchanges = cache.exchanges();
             // Relaxed (both arrays): maintenance state, under the maintenance lock.
             let moved =
@@ -935,13 +936,9 @@ impl Heap {
                 self.active_ns.get(i).is_some_and(|a| now.saturating_sub(a.load(Ordering::Relaxed)) >= UPDATE_NS)
             };
             let donor = self
-                .caches
-                .iter()
-                .enumerate()
-                .filter(|&(i, _)| idle(i))
-                // Acquire: as in `cache`. SAFETY: as in `cache`.
-                .filter_map(|(_, slot)| unsafe { slot.load(Ordering::Acquire).as_ref() })
-                .filter(|cache| cache.magazine_rounds() > 1)
+                .made_classes()
+                .filter(|&(i, cache)| idle(i) && cache.magazine_rounds() > 1)
+                .map(|(_, cache)| cache)
                 .max_by_key(|cache| cache.magazine_bytes());
             if let Some(donor) = donor {
                 within(&mut cached, donor, |c| {
