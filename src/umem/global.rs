@@ -438,17 +438,23 @@ fn fast_slots_of(class: ClassIndex) -> Option<RawSlots> {
 /// The published slots for a request of `size <= LOOKUP_MAX` bytes aligned to
 /// `align <= MIN_ALIGN`, if its class has them: the same slots as
 /// `fast_slots_of(class_of(size, align))`.
+///
+/// Both entries' addresses are computed and one is picked (a conditional move).
+/// Written as a branch, the compiler folded the two into one index shifted by 3 or 4: a
+/// shift by a variable amount, which it wrote into `cl` with byte-sized instructions.
+/// Inlined into a caller's loop (fat LTO inlines `__rust_alloc`), that made a 256-byte
+/// batch loop through `#[global_allocator]` take 1.9x the time on the AMD EPYC host of
+/// BENCHMARKS.md ("The class lookup without a variable shift"); the likely cause (the
+/// host has no performance counters to confirm it) is that a byte write merges into the
+/// whole `rcx` and so waits for its last writer, there the previous allocation's slot
+/// load. With a constant `align` (`malloc`'s, or a type's layout) the pick folds away.
 #[inline(always)]
 fn fast_slots_by_size(size: usize, align: usize) -> Option<RawSlots> {
     debug_assert!(size <= LOOKUP_MAX && align <= MIN_ALIGN);
-    let entry = if align <= 8 {
-        // SAFETY: size <= LOOKUP_MAX, so the index is at most LOOKUP_MAX / 8, the last.
-        unsafe { FAST_SLOTS.by8_unchecked(size) }
-    } else {
-        // SAFETY: size <= LOOKUP_MAX, so the index is at most LOOKUP_MAX / 16, the last.
-        unsafe { FAST_SLOTS.by16_unchecked(size) }
-    };
-    FAST_SLOTS.slots_at(entry).map(raw)
+    // SAFETY: size <= LOOKUP_MAX, so the indexes are at most LOOKUP_MAX / 8 and
+    // LOOKUP_MAX / 16, the tables' last.
+    let (by8, by16) = unsafe { (FAST_SLOTS.by8_unchecked(size), FAST_SLOTS.by16_unchecked(size)) };
+    FAST_SLOTS.slots_at(core::hint::select_unpredictable(align <= 8, by8, by16)).map(raw)
 }
 
 /// Publishes `cpu`'s slots for the hit paths if it runs in rseq mode (with the slot

@@ -59,7 +59,17 @@
 //!
 //! [`class_of`] is constant time: a 129-byte lookup table for sizes up to 1 KiB (and a
 //! 65-byte one for 16-byte alignment, `malloc`'s, which then needs no rounding), and a
-//! count of leading zeros, two shifts and an add above. Nothing here allocates or panics.
+//! 1 KiB one by 128-byte granule above (every class boundary above 1 KiB is a multiple of
+//! 128). Nothing here allocates or panics.
+//!
+//! The granule table replaced a computation (a count of leading zeros, then a shift by an
+//! amount computed from it). x86-64 takes a variable shift amount in `cl`, and the
+//! compiler wrote it there with byte-sized instructions; inlined into a caller's loop,
+//! that made a 4 KiB batch loop through `#[global_allocator]` take 1.5x the time on the
+//! AMD EPYC host of BENCHMARKS.md ("The class lookup without a variable shift"), likely
+//! because a byte write merges into the whole `rcx` and so waits for its last writer,
+//! there the previous allocation's lookup. A table load by a constant shift has no such
+//! input.
 
 /// The largest alignment a size class serves: the smallest page size umem supports.
 /// Stricter alignments go to the large path.
@@ -91,6 +101,22 @@ pub const CLASSES: [u32; NCLASSES] = build_classes();
 
 /// `LOOKUP[(size + 7) / 8]` is the class of `size` for sizes up to [`LOOKUP_MAX`].
 const LOOKUP: [u8; LOOKUP_MAX / 8 + 1] = build_lookup();
+
+/// Sizes above [`LOOKUP_MAX`] are looked up by 128-byte granule in [`LOOKUP_COARSE`].
+const COARSE_SHIFT: u32 = 7;
+
+/// `LOOKUP_COARSE[(size - 1) >> 7]` is the class of `size` for sizes in
+/// `(LOOKUP_MAX, MAX_CLASS_SIZE]`: the classes there are spaced by 128 bytes or more,
+/// all multiples of 128, so the sizes of one granule, `(128 g, 128 (g + 1)]`, share a
+/// class (the entries below `LOOKUP_MAX`'s granule are unused).
+const LOOKUP_COARSE: [u8; COARSE_LEN] = build_lookup_coarse();
+
+/// The granules up to [`MAX_CLASS_SIZE`]'s.
+const COARSE_LEN: usize = ((MAX_CLASS_SIZE - 1) >> COARSE_SHIFT) + 1;
+
+// The granule divides every class boundary it covers: the spacing above LOOKUP_MAX,
+// LOOKUP_MAX / 2^SPLIT_SHIFT, is at least a granule.
+const _: () = assert!(LOOKUP_MAX >> SPLIT_SHIFT >= 1 << COARSE_SHIFT);
 
 /// `LOOKUP16[(size + 15) / 16]` is the class of `size` aligned to 16 (C `malloc`'s
 /// alignment, and `u128`'s) for sizes up to [`LOOKUP_MAX`]: one load, without rounding
@@ -136,6 +162,19 @@ const fn build_lookup() -> [u8; LOOKUP_MAX / 8 + 1] {
         }
         table[slot] = class as u8;
         slot += 1;
+    }
+    table
+}
+
+const fn build_lookup_coarse() -> [u8; COARSE_LEN] {
+    let mut table = [0u8; COARSE_LEN];
+    let mut granule = LOOKUP_MAX >> COARSE_SHIFT;
+    while granule < table.len() {
+        // The granule's largest size, 128 (granule + 1), has the granule's class (all
+        // its sizes share one: see LOOKUP_COARSE), which the computation gives.
+        let Some(class) = class_by_bits((granule + 1) << COARSE_SHIFT) else { panic!("a size above the classes") };
+        table[granule] = class.0;
+        granule += 1;
     }
     table
 }
@@ -264,6 +303,16 @@ const fn class_of_size(size: usize) -> Option<ClassIndex> {
         return Some(ClassIndex(LOOKUP[size.div_ceil(8)]));
     }
     if size > MAX_CLASS_SIZE {
+        return None;
+    }
+    // No overflow and in bounds: LOOKUP_MAX < size <= MAX_CLASS_SIZE.
+    Some(ClassIndex(LOOKUP_COARSE[(size - 1) >> COARSE_SHIFT]))
+}
+
+/// [`class_of_size`] above [`LOOKUP_MAX`] by computation, which [`LOOKUP_COARSE`] is
+/// built from (the tests check every size's class against a search of [`CLASSES`]).
+const fn class_by_bits(size: usize) -> Option<ClassIndex> {
+    if size <= LOOKUP_MAX || size > MAX_CLASS_SIZE {
         return None;
     }
     // size - 1 lies in [2^k, 2^(k+1)) with k >= 10; its class is the j-th (0-based) of
