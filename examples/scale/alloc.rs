@@ -39,6 +39,7 @@ use scalemem::Umem;
 use scalemem::umem::ObjectCache;
 
 use crate::Ctx;
+use crate::batch::{self, BLOCKS};
 use crate::harness::{self, Measure, Run, StopOnDrop, ThreadRun};
 use crate::model::{self, GroupReport, RateTable};
 
@@ -79,8 +80,6 @@ pub fn cells(full: bool) -> usize {
     CONTENDERS.len() * (if full { SIZES_FULL.len() } else { SIZES_QUICK.len() } + 1)
 }
 
-/// Blocks per batch loop.
-pub const BLOCKS: usize = 100;
 /// Slots of a producer/consumer ring.
 pub const RING: usize = 256;
 /// The remote workload's block sizes: `MIN_REMOTE..=MAX_REMOTE`.
@@ -88,8 +87,6 @@ const MIN_REMOTE: usize = 64;
 const MAX_REMOTE: usize = 4096;
 /// The alignment of every block.
 const ALIGN: usize = 8;
-/// The page the batch workload touches one byte of.
-const PAGE: usize = 4096;
 
 /// Runs `$f(&allocator, args...)` for peer `$peer`: 0 `Umem`, then glibc, jemalloc and
 /// mimalloc ([`CONTENDERS`] without the object cache).
@@ -119,24 +116,6 @@ fn minor_faults() -> u64 {
     usage.ru_minflt as u64
 }
 
-/// Writes the first byte of the block at `block` and one byte in every further 4 KiB
-/// page the block spans.
-///
-/// # Safety
-///
-/// `block` is a live allocation of at least `size` bytes, `size > 0`.
-unsafe fn touch(block: *mut u8, size: usize) {
-    // SAFETY: offset 0 is inside the block (caller: size > 0). Volatile, so that the
-    // compiler keeps writes to memory it can see freed right after.
-    unsafe { block.write_volatile(1) };
-    let mut offset = PAGE - block.addr() % PAGE;
-    while offset < size {
-        // SAFETY: offset < size, inside the block (caller).
-        unsafe { block.add(offset).write_volatile(1) };
-        offset += PAGE;
-    }
-}
-
 /// One repetition of a batch cell: the run, and minor faults per allocation.
 pub struct BatchRep {
     run: Run,
@@ -148,26 +127,7 @@ fn batch_cell<A: GlobalAlloc + Sync>(alloc: &A, threads: usize, secs: f64, size:
     let before = minor_faults();
     // One loop between looks at the stop flag: a loop of 64 KiB blocks takes up to
     // milliseconds.
-    let run = harness::run_batched(threads, secs, 1, |_| {
-        // Through the runner's global allocator, once, outside the timed part.
-        let mut blocks: Vec<*mut u8> = Vec::with_capacity(BLOCKS);
-        move || {
-            for _ in 0..BLOCKS {
-                // SAFETY: `layout` has a nonzero size (every size here is).
-                let block = unsafe { alloc.alloc(layout) };
-                if block.is_null() {
-                    handle_alloc_error(layout);
-                }
-                // SAFETY: a live block of `size` bytes, just allocated.
-                unsafe { touch(block, size) };
-                blocks.push(block);
-            }
-            for block in blocks.drain(..) {
-                // SAFETY: allocated above by `alloc` with `layout`, freed once.
-                unsafe { alloc.dealloc(block, layout) };
-            }
-        }
-    });
+    let run = harness::run_batched(threads, secs, 1, |_| batch::op(alloc, layout));
     let faults = minor_faults().saturating_sub(before);
     // The warm-up loop each thread runs before the barrier allocates too.
     let allocations = (run.total_ops() + threads as u64) * BLOCKS as u64;

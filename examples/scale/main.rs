@@ -25,6 +25,7 @@
 //! on batch allocation and on remote (producer/consumer) frees (see each module).
 
 mod alloc;
+mod batch;
 mod floors;
 mod harness;
 mod json;
