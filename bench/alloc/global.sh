@@ -46,5 +46,5 @@ for rep in $(seq "$reps"); do
 	done
 done
 
-echo "global allocators, batch workload, $reps process(es) each, ${secs} s cells ($(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown))"
+echo "global allocators, batch workload, $reps process(es) each, ${secs} s cells ($(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git describe --always --dirty --abbrev=7 2>/dev/null || echo unknown))"
 awk -F'\t' -v threads="$threads" -f bench/alloc/global_report.awk "$raw"
