@@ -121,7 +121,7 @@ use super::large::{self, LargeConfig, LargeHeap};
 use super::os;
 use super::region::{self, PAGE, Regions, StaticRegistry};
 use super::sizeclass::{
-    COLOURED_ALIGN, ClassIndex, LOOKUP_MAX, MAX_CLASS_SIZE, NCLASSES, class_of, class_of_dyn, class_size, is_coloured,
+    COLOURED_ALIGN, ClassIndex, LOOKUP_MAX, MAX_CLASS_SIZE, NCLASSES, class_of, class_size, is_coloured,
 };
 use super::slot_table::{Published, SlotTable};
 use crate::util::Backoff;
@@ -1806,7 +1806,7 @@ unsafe fn dealloc_miss(ptr: *mut u8, layout: Layout) {
     let Some(heap) = heap_if_made() else { return };
     // SAFETY: the caller's contract: a live block of this layout (so of this path), not
     // null, freed once.
-    unsafe { heap.free_block(NonNull::new_unchecked(ptr), class_of_dyn(layout.size(), layout.align())) };
+    unsafe { heap.free_block(NonNull::new_unchecked(ptr), class_of(layout.size(), layout.align())) };
 }
 
 // SAFETY: `alloc` returns null or a block of at least `layout.size()` bytes aligned to
@@ -1826,7 +1826,7 @@ unsafe impl GlobalAlloc for Umem {
     /// test (up to eight bases) and the heap pointer wait for the miss.
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        if let Some(class) = class_of_dyn(layout.size(), layout.align())
+        if let Some(class) = class_of(layout.size(), layout.align())
             && REGISTRY.has(ptr)
             // SAFETY: the caller's contract: a live block of this layout, so (in a region)
             // an object of this class's cache, not null, freed once.
@@ -1840,8 +1840,8 @@ unsafe impl GlobalAlloc for Umem {
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let align = layout.align();
-        let old_class = class_of_dyn(layout.size(), align);
-        let new_class = class_of_dyn(new_size, align);
+        let old_class = class_of(layout.size(), align);
+        let new_class = class_of(new_size, align);
         // A size-class block in a registered region is no bootstrap block (as in
         // `dealloc`): only other blocks pay the chunk test.
         if !(old_class.is_some() && REGISTRY.has(ptr)) && boot_contains(ptr) {

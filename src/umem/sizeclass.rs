@@ -323,29 +323,6 @@ const fn class_by_bits(size: usize) -> Option<ClassIndex> {
     Some(ClassIndex(i as u8))
 }
 
-/// [`class_of`] for the allocator's hot paths, where `align` is known only at run time
-/// (`Umem`'s `dealloc` and `realloc` of a `Layout`): the same class, looked up without a
-/// shift by a variable amount.
-///
-/// Written plainly, the compiler merges `class_of`'s two small-size tables (by 8 bytes
-/// for alignments up to 8, by 16 for 16) into one load by a shift of 3 or 4, which it
-/// computes in `cl` with byte-sized instructions; inlined into a caller's loop that is
-/// the pattern that chained each lookup to the last on the AMD EPYC host of
-/// BENCHMARKS.md (module doc, "Cost"). Here an alignment up to 16 rounds the size up to
-/// its multiple (at least one byte), which the 8-byte table maps to the same class (the
-/// rounding argument of the module doc; rounding to a divisor of 8 stays in the slot).
-#[inline]
-pub(crate) fn class_of_dyn(size: usize, align: usize) -> Option<ClassIndex> {
-    if align <= 16 && align.is_power_of_two() && size <= LOOKUP_MAX {
-        let rounded = (size.max(1) + align - 1) & !(align - 1);
-        // SAFETY: size <= LOOKUP_MAX, a multiple of every align here (a power of two up
-        // to 16), so rounded <= LOOKUP_MAX and the slot is at most LOOKUP_MAX / 8, the
-        // table's last.
-        return Some(ClassIndex(unsafe { *LOOKUP.get_unchecked(rounded.div_ceil(8)) }));
-    }
-    class_of(size, align)
-}
-
 /// The class for a request of `size` bytes aligned to `align`: the smallest class that
 /// is at least `size` and a multiple of `align`. `None` when the request belongs to the
 /// large path (`size` or the rounded size above [`MAX_CLASS_SIZE`], `align` above
@@ -383,23 +360,5 @@ pub const fn class_of(size: usize, align: usize) -> Option<ClassIndex> {
     match class {
         Some(i) if align > COLOURED_ALIGN && is_coloured(i) => None,
         _ => class,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{LOOKUP_MAX, MAX_ALIGN, MAX_CLASS_SIZE, class_of, class_of_dyn};
-
-    #[test]
-    fn the_runtime_alignment_lookup_agrees_with_class_of() {
-        // Every power of two up to past MAX_ALIGN, and alignments no layout has (0, 3,
-        // 12, 24), which class_of refuses.
-        let aligns = (0..=13).map(|shift| 1usize << shift).chain([0, 3, 12, 24]);
-        for align in aligns {
-            for size in (0..=2 * LOOKUP_MAX).chain((2 * LOOKUP_MAX..=MAX_CLASS_SIZE + 1).step_by(61)) {
-                assert_eq!(class_of_dyn(size, align), class_of(size, align), "size {size} align {align}");
-            }
-        }
-        const { assert!(MAX_ALIGN < 1 << 13) };
     }
 }
