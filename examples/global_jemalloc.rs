@@ -11,16 +11,9 @@
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-#[path = "scale/batch.rs"]
-#[cfg(not(any(scalemem_asan, scalemem_tsan, scalemem_loom)))]
-mod batch;
 #[path = "global_alloc/cells.rs"]
 #[cfg(not(any(scalemem_asan, scalemem_tsan, scalemem_loom)))]
 mod cells;
-#[path = "scale/harness.rs"]
-#[cfg(not(any(scalemem_asan, scalemem_tsan, scalemem_loom)))]
-#[allow(dead_code)]
-mod harness;
 
 #[cfg(not(any(scalemem_asan, scalemem_tsan, scalemem_loom)))]
 fn main() {

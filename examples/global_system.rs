@@ -9,13 +9,8 @@
 #[global_allocator]
 static GLOBAL: std::alloc::System = std::alloc::System;
 
-#[path = "scale/batch.rs"]
-mod batch;
 #[path = "global_alloc/cells.rs"]
 mod cells;
-#[path = "scale/harness.rs"]
-#[allow(dead_code)]
-mod harness;
 
 fn main() {
     cells::main("glibc (System)");

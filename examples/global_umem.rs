@@ -10,13 +10,8 @@
 #[global_allocator]
 static GLOBAL: scalemem::Umem = scalemem::Umem::new();
 
-#[path = "scale/batch.rs"]
-mod batch;
 #[path = "global_alloc/cells.rs"]
 mod cells;
-#[path = "scale/harness.rs"]
-#[allow(dead_code)]
-mod harness;
 
 fn main() {
     cells::main("scalemem Umem");

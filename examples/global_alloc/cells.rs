@@ -1,6 +1,6 @@
-//! The body of the `global_*` examples: the batch workload ([`crate::batch`]) through
+//! The body of the `global_*` examples: the batch workload ([`batch`]) through
 //! `std::alloc`, so through whatever the example installed as its `#[global_allocator]`,
-//! with a runtime layout, in the scaling runner's cells ([`crate::harness`]: threads
+//! with a runtime layout, in the scaling runner's cells ([`harness`]: threads
 //! started on a barrier, a stop flag `--secs` later).
 //!
 //! This is the shape a Rust program gives its allocator: with fat LTO (this crate's
@@ -16,8 +16,15 @@
 
 use std::alloc::{GlobalAlloc, Layout};
 
-use crate::batch;
-use crate::harness::{self, Measure};
+// The runner's batch operation and harness, shared by path (relative to this file), so
+// that each example declares only this module.
+#[path = "../scale/batch.rs"]
+mod batch;
+#[path = "../scale/harness.rs"]
+#[allow(dead_code)]
+mod harness;
+
+use harness::Measure;
 
 /// The process's global allocator as a `GlobalAlloc` value, for [`batch::op`].
 struct Global;
