@@ -115,6 +115,7 @@ use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
+use super::boot::{BootArena, ChunkSource};
 use super::cache::{CacheStats, Config, ObjectCache};
 use super::cpu_cache::{CpuCaches, RawSlots};
 use super::large::{self, LargeConfig, LargeHeap};
@@ -258,103 +259,49 @@ impl Drop for Entered {
 // ---------------------------------------------------------------------------------------
 // The bootstrap arena.
 
-/// The bootstrap arena's chunks: chunk `i` holds `BOOT_FIRST << i` bytes of address
-/// space, mapped when the previous one is spent (256 KiB first, 64 MiB in all). A
-/// process reserves only what its set-up allocations need (some tens of KiB: a small
-/// part of an `RLIMIT_AS` budget, where a fixed 32 MiB arena made `ls` abort under
-/// `ulimit -v 40000`).
+/// The bootstrap arena (`umem::boot`: its protocol and invariants): chunk `i` holds
+/// `BOOT_FIRST << i` bytes of address space, mapped when the previous one is spent (256
+/// KiB first, 64 MiB in all). A process reserves only what its set-up allocations need
+/// (some tens of KiB: a small part of an `RLIMIT_AS` budget, where a fixed 32 MiB arena
+/// made `ls` abort under `ulimit -v 40000`).
+static BOOT: BootArena<BOOT_CHUNKS> = BootArena::new(BOOT_FIRST);
+/// Chunks of the bootstrap arena.
 const BOOT_CHUNKS: usize = 8;
 /// Bytes of the first chunk.
 const BOOT_FIRST: usize = 256 << 10;
-/// Each chunk's base once mapped (0 before).
-static BOOT_BASE: [AtomicUsize; BOOT_CHUNKS] = [const { AtomicUsize::new(0) }; BOOT_CHUNKS];
-/// The bump state: the chunk in use (bits 56..) and the bytes of it handed out.
-static BOOT_AT: AtomicUsize = AtomicUsize::new(0);
-/// Bytes of the arena handed out so far, over all chunks (a statistic).
-static BOOT_USED: AtomicUsize = AtomicUsize::new(0);
-/// Shift of the chunk index in [`BOOT_AT`].
-const BOOT_CHUNK_SHIFT: u32 = 56;
 
-/// Bytes of chunk `i`.
-const fn boot_chunk_bytes(i: usize) -> usize {
-    BOOT_FIRST << i
+/// The bootstrap arena's chunks come straight from the kernel.
+struct OsChunks;
+
+impl ChunkSource for OsChunks {
+    fn map(&self, bytes: usize) -> usize {
+        os::map(bytes).map_or(0, |p| p.as_ptr() as usize)
+    }
+
+    unsafe fn unmap(&self, base: usize, bytes: usize) {
+        // SAFETY: the caller's: `base` is a non-null mapping of `bytes` from `map`, which
+        // no one else saw.
+        unsafe { os::unmap(NonNull::new_unchecked(base as *mut u8), bytes) };
+    }
 }
 
-/// The base of bootstrap chunk `i`, mapping it on first use; 0 if the kernel refuses.
-fn boot_base(i: usize) -> usize {
-    // Acquire: pairs with the Release CAS below (the mapping is there).
-    let base = BOOT_BASE[i].load(Ordering::Acquire);
-    if base != 0 {
-        return base;
-    }
-    let Ok(mapped) = os::map(boot_chunk_bytes(i)) else { return 0 };
-    let mapped = mapped.as_ptr() as usize;
-    // AcqRel: publishes our mapping (Release) or reads the winner's (Acquire).
-    match BOOT_BASE[i].compare_exchange(0, mapped, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(_) => mapped,
-        Err(winner) => {
-            // SAFETY: mapped just above with this length, never published.
-            unsafe { os::unmap(NonNull::new_unchecked(mapped as *mut u8), boot_chunk_bytes(i)) };
-            winner
-        }
-    }
+/// Bytes of bootstrap chunk `i`.
+#[cfg(test)]
+const fn boot_chunk_bytes(i: usize) -> usize {
+    BOOT.chunk_bytes(i)
 }
 
 /// Whether `ptr` is a bootstrap block.
 #[inline]
 fn boot_contains(ptr: *const u8) -> bool {
-    (0..BOOT_CHUNKS).any(|i| {
-        // Relaxed: a pointer into a chunk was handed out after its base was published,
-        // and whoever holds it learnt of it through the same happens-before chain.
-        let base = BOOT_BASE[i].load(Ordering::Relaxed);
-        base != 0 && (ptr as usize).wrapping_sub(base) < boot_chunk_bytes(i)
-    })
+    BOOT.contains(ptr)
 }
 
 /// A block of `size` bytes aligned to `align` (a power of two) from the bootstrap arena,
 /// with its size in the word before it; null when the arena is spent or the kernel
-/// refuses a chunk. A block that does not fit in the rest of the chunk in use moves the
-/// arena on to the next chunk (the rest is left unused).
+/// refuses a chunk.
 fn boot_alloc(size: usize, align: usize) -> *mut u8 {
-    let align = align.max(MIN_ALIGN);
-    if size > boot_chunk_bytes(BOOT_CHUNKS - 1) / 2 || align > boot_chunk_bytes(BOOT_CHUNKS - 1) / 2 {
-        return ptr::null_mut();
-    }
-    // Relaxed: the CAS only hands out disjoint ranges; the memory itself is fresh from
-    // the kernel (zero) and each range is written only by its taker.
-    let mut at = BOOT_AT.load(Ordering::Relaxed);
-    loop {
-        let (chunk, used) = (at >> BOOT_CHUNK_SHIFT, at & ((1 << BOOT_CHUNK_SHIFT) - 1));
-        if chunk >= BOOT_CHUNKS {
-            return ptr::null_mut();
-        }
-        let base = boot_base(chunk);
-        if base == 0 {
-            return ptr::null_mut();
-        }
-        // The block starts after a size word, aligned. No overflow: every term is below
-        // the largest chunk (32 MiB) plus the base, far from usize::MAX.
-        let start = (base + used + 8).next_multiple_of(align);
-        let end = start + size;
-        let next = if end > base + boot_chunk_bytes(chunk) {
-            // On to the next chunk (which may be too small too: the loop moves on again).
-            (chunk + 1) << BOOT_CHUNK_SHIFT
-        } else {
-            chunk << BOOT_CHUNK_SHIFT | (end - base)
-        };
-        match BOOT_AT.compare_exchange_weak(at, next, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) if next >> BOOT_CHUNK_SHIFT == chunk => {
-                // Relaxed: a statistic.
-                BOOT_USED.fetch_add(size, Ordering::Relaxed);
-                // SAFETY: `start - 8 .. end` lies in the chunk, in the range this CAS
-                // reserved for us alone; `start - 8` is 8-aligned (start is 16-aligned).
-                unsafe { ((start - 8) as *mut usize).write(size) };
-                return start as *mut u8;
-            }
-            Ok(_) => at = next,
-            Err(now) => at = now,
-        }
-    }
+    BOOT.alloc(size, align.max(MIN_ALIGN), &OsChunks)
 }
 
 /// The size recorded for a bootstrap block.
@@ -362,8 +309,8 @@ fn boot_alloc(size: usize, align: usize) -> *mut u8 {
 /// # Safety
 /// `ptr` is a block [`boot_alloc`] returned.
 unsafe fn boot_size(ptr: *const u8) -> usize {
-    // SAFETY: `boot_alloc` wrote the size in the word before every block.
-    unsafe { ptr.cast::<usize>().sub(1).read() }
+    // SAFETY: the caller's: a block of this arena.
+    unsafe { BOOT.size_of(ptr) }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1664,7 +1611,7 @@ fn mapped(heap: &Heap) -> usize {
 /// ```
 pub fn stats() -> UmemStats {
     // Relaxed: a statistic.
-    let bootstrap = BOOT_USED.load(Ordering::Relaxed);
+    let bootstrap = BOOT.used();
     let Some(heap) = heap_if_made() else { return UmemStats { bootstrap, ..UmemStats::default() } };
     let _entered = Entered::enter();
     let large = heap.large.stats();
@@ -2084,8 +2031,7 @@ mod tests {
         assert!(boot_contains(big) && boot_contains(big.wrapping_add(BOOT_FIRST + 4095)));
         // SAFETY: both came from `boot_alloc`.
         assert_eq!(unsafe { (boot_size(small), boot_size(big)) }, (100, BOOT_FIRST + 4096));
-        // Relaxed: a statistic.
-        assert!(BOOT_AT.load(Ordering::Relaxed) >> BOOT_CHUNK_SHIFT >= 1, "still in the first chunk");
+        assert!(BOOT.chunk_in_use() >= 1, "still in the first chunk");
         // SAFETY: `big` has BOOT_FIRST + 4096 writable bytes of its own.
         unsafe { big.write_bytes(7, BOOT_FIRST + 4096) };
         let after = boot_alloc(8, 16);
