@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# rustfmt, clippy (all targets, warnings are errors), rustdoc (broken links are errors,
+# rustfmt, clippy (all targets, and the loom models under loom; warnings are errors), rustdoc (broken links are errors,
 # in the public docs and in the private items' docs that describe the protocols), and a
 # runnable example for every public item of the library.
 set -euo pipefail
@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 cargo fmt --all -- --check
 (cd fuzz && cargo fmt -- --check) # its own workspace
 cargo clippy --workspace --all-targets -- -D warnings
+# The loom models and the library as they build under loom (a plain build compiles the
+# models to nothing).
+RUSTFLAGS="--cfg scalemem_loom" CARGO_TARGET_DIR=target/loom-clippy \
+    cargo clippy -p scalemem-loom-tests --tests --features scalemem/loom -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --quiet
 # A runnable example for every public item: rustdoc's (unstable) lint for the items it

@@ -290,7 +290,7 @@ mod refcache {
     /// Runs `op` on CPU 1: on a new model thread with an odd index (spawning an empty one
     /// first if the next index is even), and waits for it.
     fn on_cpu1<R: Send + 'static>(next_index: &mut usize, op: impl FnOnce() -> R + Send + 'static) -> R {
-        if *next_index % 2 == 0 {
+        if (*next_index).is_multiple_of(2) {
             thread::spawn(|| {}).join().unwrap();
             *next_index += 1;
         }

@@ -34,7 +34,7 @@ fn setup() -> (&'static Regions, &'static SlabCache<'static>) {
 /// leaked manager and cache.
 fn finish(regions: &'static Regions, cache: &'static SlabCache<'static>, q: core::ptr::NonNull<u8>) {
     let n = ITERATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    if n % 1000 == 0 {
+    if n.is_multiple_of(1000) {
         eprintln!("iteration {n}: {:?}", regions.stats());
     }
     // SAFETY: `q` came from `cache` and is freed once.
