@@ -136,14 +136,13 @@ fn ladder_down(size: usize, min: usize) -> usize {
 }
 
 /// Whether the monotone counter now at `now` moved more than `threshold` since the value
-/// `last` holds; if so, records `now` there (the next check measures from it).
+/// `last` holds, which becomes `now` either way: each check measures from the previous
+/// one, so a threshold is a rate per checking interval. (Recording only past the
+/// threshold made it a count since the last growth: a class trading a magazine once a
+/// minute would have grown a step every hour.)
 fn moved_past(last: &AtomicUsize, now: usize, threshold: usize) -> bool {
     // Relaxed: a statistic; concurrent callers at worst both see one delta.
-    if now.wrapping_sub(last.load(Ordering::Relaxed)) <= threshold {
-        return false;
-    }
-    last.store(now, Ordering::Relaxed);
-    true
+    now.wrapping_sub(last.swap(now, Ordering::Relaxed)) > threshold
 }
 
 /// A reconfiguration in progress ([`CpuCaches::reconfigure`]): dropping it, at the end or
