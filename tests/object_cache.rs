@@ -184,6 +184,70 @@ fn update_frees_idle_magazines_and_decay_drains_everything() {
     cache.assert_valid();
 }
 
+/// `rounds` bursts: allocate `burst` objects of `cache`, touching each, then free them.
+fn bursts(cache: &ObjectCache, rounds: usize, burst: usize) {
+    let mut held = Vec::with_capacity(burst);
+    for _ in 0..rounds {
+        held.extend((0..burst).map(|_| cache.alloc().unwrap()));
+        for p in held.drain(..) {
+            // SAFETY: an object of this cache (at least 8 bytes), freed once just after.
+            unsafe { p.as_ptr().write(1) };
+            // SAFETY: from this cache, once.
+            unsafe { cache.free(p) }.unwrap();
+        }
+    }
+}
+
+/// The exchange rule: one thread whose bursts of 100 outgrow its CPU's two 15-round
+/// magazines never contends, but trades magazines with the depot all the time; with the
+/// default configuration each working-set interval that saw more than `GROW_EXCHANGES`
+/// such trades grows the magazines a step, and an interval without them does not.
+#[test]
+fn a_single_threads_bursts_grow_the_magazines() {
+    let cache = ObjectCache::builder("bursts", 256, 16).config(config()).build().unwrap();
+    assert_eq!(cache.stats().magazine_size, 15);
+    // 1,000 bursts of 100 on 15-round magazines: about 10,000 magazines installed from
+    // the depot (about 10 per burst) against the default threshold of 6,400.
+    bursts(&cache, 1_000, 100);
+    cache.update();
+    let stats = cache.stats();
+    assert_eq!((stats.magazine_size, stats.depot_contention), (31, 0), "{stats:?}");
+    // At 31 rounds a burst trades about 4 magazines: 2,500 bursts are past the threshold.
+    bursts(&cache, 2_500, 100);
+    cache.update();
+    assert_eq!(cache.stats().magazine_size, 47);
+    // An interval with little traffic: no step.
+    bursts(&cache, 10, 100);
+    cache.update();
+    assert_eq!(cache.stats().magazine_size, 47);
+    cache.assert_valid();
+}
+
+/// With the exchange rule off (`grow_exchanges: None`, libumem's sizing) the same bursts
+/// leave the magazines as they are; with a low threshold the rule stops at magazines
+/// of `EXCHANGE_GROWTH_BYTES` of objects: 16 KiB objects reach 63 rounds (1 MiB / 16
+/// KiB = 64), 64 KiB ones stay at 15 (the next step, 31, is past 16).
+#[test]
+fn the_exchange_rule_can_be_off_and_stops_at_its_byte_bound() {
+    let off = ObjectCache::builder("bursts-off", 256, 16).config(Config { grow_exchanges: None, ..config() }).build();
+    let off = off.unwrap();
+    bursts(&off, 700, 100);
+    off.update();
+    assert_eq!(off.stats().magazine_size, 15, "{:?}", off.stats());
+    assert_eq!(scalemem::umem::cache::EXCHANGE_GROWTH_BYTES, 1 << 20);
+    for (size, top) in [(16 << 10, 63), (64 << 10, 15)] {
+        let config = Config { grow_exchanges: Some(8), ..config() };
+        let cache = ObjectCache::builder("bursts-bound", size, 16).config(config).build().unwrap();
+        for _ in 0..8 {
+            // 160 objects: past two magazines even at 63 rounds.
+            bursts(&cache, 4, 160);
+            cache.update();
+        }
+        assert_eq!(cache.stats().magazine_size, top, "{size}-byte objects: {:?}", cache.stats());
+        cache.reap();
+    }
+}
+
 /// A typed object with a pre-sized buffer and a drop counter.
 struct Buffer {
     data: Vec<u8>,

@@ -68,6 +68,29 @@
 //! while such a miss has a magazine installed. The hit path is a load of `dead` (alloc
 //! only), one of the checking flag, and one rseq section or try-lock.
 //!
+//! # Magazine sizing
+//!
+//! Magazines start at [`cpu_cache::Config::initial_rounds`] (15) and move along
+//! libumem's ladder at the end of each working-set interval
+//! ([`update`](ObjectCache::update)), by two rules:
+//!
+//! - **contention** (libumem's): more failed depot CAS attempts in the interval than
+//!   [`cpu_cache::Config::grow_contention`] grows them a step; none, with magazines idle
+//!   in the depot, shrinks them a step ([`CpuCaches::update`]);
+//! - **exchanges** (tcmalloc and jemalloc size their caches on misses the same way):
+//!   if the contention rule left the size as it was and the CPUs installed more than
+//!   [`Config::grow_exchanges`] magazines from the depot during the interval (default
+//!   [`GROW_EXCHANGES`]: a CPU trading a magazine every 150 us), they grow a step, to at
+//!   most [`EXCHANGE_GROWTH_BYTES`] of objects per magazine
+//!   ([`CpuCaches::grow_if_exchanging`]). One thread whose bursts outgrow its CPU's two
+//!   magazines never contends, so libumem's rule alone would leave it trading
+//!   magazines with the depot for ever: a burst of 100 objects of 256 bytes on
+//!   15-round magazines costs about a third more than on 63-round ones.
+//!
+//! Each step drains every CPU (a stop and an rseq fence), at most once per interval and
+//! per rule. umem's global heap turns the exchange rule off here and applies it on its
+//! own 10 ms maintenance tick, within its per-CPU budget of cached bytes.
+//!
 //! # Reaping and returning memory (defaults)
 //!
 //! - **Working set** (libumem's): every interval, [`update`](ObjectCache::update) ends
@@ -182,6 +205,19 @@ pub use typed::{CacheBox, TypedCache};
 /// How often the background reaper visits every cache (one working-set interval).
 pub const REAP_INTERVAL: core::time::Duration = core::time::Duration::from_secs(1);
 
+/// The default of [`Config::grow_exchanges`]: magazines installed from the depot in one
+/// working-set interval past which the magazines grow a step. 6,400 in the reaper's
+/// 1 s interval is a CPU trading a magazine every 150 us, the rate at which umem's
+/// global heap grows its size classes (64 per 10 ms tick).
+pub const GROW_EXCHANGES: usize = 6_400;
+
+/// The most a magazine may hold, in bytes of objects, when the exchange rule
+/// ([`Config::grow_exchanges`]) grows it: 1 MiB, so a CPU caches at most 2 MiB of a
+/// cache's objects in its two magazines on that rule's account (objects of 4 KiB may
+/// reach the ladder's 143 rounds, 16 KiB ones 63; from 64 KiB up only contention grows
+/// the magazines).
+pub const EXCHANGE_GROWTH_BYTES: usize = 1 << 20;
+
 /// A constructor: makes the raw chunk at the pointer (`size` bytes, aligned) a valid
 /// object, or fails (the chunk goes back to the slab layer).
 pub type Ctor = Box<dyn Fn(NonNull<u8>) -> Result<(), AllocError> + Send + Sync>;
@@ -266,6 +302,13 @@ pub struct Config {
     /// working-set reaper and the decay give memory back. umem's global heap uses
     /// [`global::TRIM_THRESHOLD`](crate::umem::global::TRIM_THRESHOLD).
     pub trim_threshold: Option<usize>,
+    /// The exchange rule of magazine sizing (module documentation, "Magazine sizing"):
+    /// more than this many magazines installed from the depot in one working-set
+    /// interval ([`update`](ObjectCache::update)) grows the magazines a step, contended
+    /// or not, up to [`EXCHANGE_GROWTH_BYTES`] of objects per magazine (and
+    /// [`cpu_cache::Config::max_rounds`]). `None`: contention alone grows them, as in
+    /// libumem. Default: `Some(`[`GROW_EXCHANGES`]`)`.
+    pub grow_exchanges: Option<usize>,
 }
 
 impl Default for Config {
@@ -278,6 +321,7 @@ impl Default for Config {
             decay_intervals: 10,
             reaper: true,
             trim_threshold: None,
+            grow_exchanges: Some(GROW_EXCHANGES),
         }
     }
 }
@@ -395,6 +439,8 @@ struct Inner {
     size: usize,
     checking: bool,
     decay_intervals: usize,
+    /// [`Config::grow_exchanges`].
+    grow_exchanges: Option<usize>,
     cpu: CpuCaches,
     shared: Arc<Shared>,
     regions: &'static Regions,
@@ -774,6 +820,7 @@ impl CacheBuilder {
             size,
             checking: config.checking,
             decay_intervals: config.decay_intervals.max(1),
+            grow_exchanges: config.grow_exchanges,
             cpu,
             shared,
             regions,
@@ -1003,8 +1050,9 @@ impl ObjectCache {
     }
 
     /// One working-set interval (what the background reaper calls every
-    /// [`REAP_INTERVAL`]): magazine sizing, the depot's idle magazines freed, and the
-    /// decay (module documentation). Returns the rounds sent to the slab layer.
+    /// [`REAP_INTERVAL`]): magazine sizing (its contention and exchange rules), the
+    /// depot's idle magazines freed, and the decay (module documentation). Returns the
+    /// rounds sent to the slab layer.
     ///
     /// ```
     /// let cache = scalemem::umem::cache::ObjectCache::new("u", 64, 8, None, None)?;
@@ -1564,7 +1612,15 @@ impl Inner {
             count += 1;
             sink(round);
         };
+        let size = self.cpu.magazine_size();
         self.cpu.update(&mut counted);
+        // The exchange rule, unless the contention rule has just resized (module
+        // documentation, "Magazine sizing").
+        if let Some(exchanges) = self.grow_exchanges
+            && self.cpu.magazine_size() == size
+        {
+            self.cpu.grow_if_exchanging(exchanges, EXCHANGE_GROWTH_BYTES / self.size.max(1), &mut counted);
+        }
         self.cpu.reap(&mut counted);
         // The word packs (idle intervals << 32 | low 32 bits of the misses seen).
         // Relaxed: a heuristic; concurrent updates at worst miscount an interval.

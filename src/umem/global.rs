@@ -455,7 +455,7 @@ const GROW_EXCHANGES: usize = 64;
 /// MiB per magazine (a CPU then caches up to 2 MiB of a class in its two), so 4 KiB
 /// blocks may reach the ladder's 143 rounds, 16 KiB ones 63, and 64 KiB ones stay at
 /// 15 (only contention grows those).
-const GROW_MAX_BYTES: usize = 1 << 20;
+const GROW_MAX_BYTES: usize = super::cache::EXCHANGE_GROWTH_BYTES;
 /// The most the size classes' magazines may hold on one CPU, all classes together, in
 /// bytes of objects (each class's loaded and previous magazines at its magazine size,
 /// [`UmemStats::cpu_cache_capacity`]): tcmalloc's per-CPU cache cap, so that what a
@@ -670,7 +670,15 @@ impl Heap {
             let mut magazines = magazine_config(size);
             magazines.initial_rounds =
                 magazines.initial_rounds.min((CPU_CACHE_BYTES.saturating_sub(others) / (2 * size)).max(1));
-            let config = Config { reaper: false, magazines, trim_threshold: Some(TRIM_THRESHOLD), ..Config::default() };
+            // The exchange rule runs on the maintenance tick (`GROW_EXCHANGES`), within
+            // the per-CPU cap, not once per working-set interval.
+            let config = Config {
+                reaper: false,
+                magazines,
+                trim_threshold: Some(TRIM_THRESHOLD),
+                grow_exchanges: None,
+                ..Config::default()
+            };
             // Class i's slab pages carry the tag i + 1 (NCLASSES < 255), which `free`
             // reads to find the class in one load.
             let tag = tag_of(class);
