@@ -634,3 +634,101 @@ fn refused_mmap_is_a_miss() {
     }
     assert_eq!(drained, [token(1, 0), token(1, 0)]);
 }
+
+/// Runs `f` on CPU `cpu` alone (restoring the thread's affinity after), or returns None
+/// where this process may not run there.
+fn on_cpu<R>(cpu: usize, f: impl FnOnce() -> R) -> Option<R> {
+    let original = sched_getaffinity(None).unwrap();
+    if !original.is_set(cpu) {
+        return None;
+    }
+    let mut one = CpuSet::new();
+    one.set(cpu);
+    sched_setaffinity(None, &one).unwrap();
+    let result = f();
+    sched_setaffinity(None, &original).unwrap();
+    Some(result)
+}
+
+/// `drain_idle` drains the slot of a CPU that did nothing since its previous call and
+/// holds rounds (all of them, to the sink), and leaves alone a CPU whose state changed
+/// in between, in both modes; its first call only looks.
+#[test]
+fn drain_idle_takes_only_what_idle_cpus_hold() {
+    for caches in both_modes(TINY) {
+        let mut sunk = Vec::new();
+        pinned(|| {
+            for i in 1..=3 {
+                if let Err(p) = caches.free(token(0, i)) {
+                    sunk.push(p.as_ptr().addr());
+                }
+            }
+            let cached = caches.stats().cpu_rounds;
+            assert_eq!(cached + sunk.len(), 3);
+            assert_eq!(caches.drain_idle(|_| unreachable!()), 0, "the first call only looks");
+            // Activity between two calls (a round taken: the state word moved): not idle.
+            // (As many frees as allocations would bring the word back: see the module
+            // documentation.)
+            let p = caches.alloc().expect("a cached round");
+            assert_eq!(caches.drain_idle(|_| unreachable!()), 0, "a CPU that just worked was drained");
+            assert!(caches.free(p).is_ok());
+            assert_eq!(caches.drain_idle(|_| unreachable!()), 0, "a CPU that just worked was drained");
+            // No activity since: drained, every round to the sink, nothing cached.
+            assert_eq!(caches.drain_idle(|p| sunk.push(p.as_ptr().addr())), 1);
+            let stats = caches.stats();
+            assert_eq!((stats.cpu_rounds, stats.idle_drains), (0, 1), "{stats:?}");
+            // An emptied CPU holds nothing: not drained again.
+            assert_eq!(caches.drain_idle(|_| unreachable!()), 0);
+        });
+        assert_no_duplicates(&sunk, "idle drain");
+        assert_eq!(sunk.len(), 3, "a round was lost");
+        caches.assert_valid();
+    }
+}
+
+/// With rounds on two CPUs, the one the thread left is drained while the one it keeps
+/// working on keeps its magazines, and no round is lost or doubled.
+#[test]
+fn drain_idle_leaves_busy_cpus_alone() {
+    let cpus = sched_getaffinity(None).unwrap();
+    let mut allowed = (0..CpuSet::MAX_CPU.min(cpu::possible())).filter(|&c| cpus.is_set(c));
+    let Some((first, second)) = allowed.next().zip(allowed.next()) else {
+        eprintln!("fewer than two CPUs: skipped");
+        return;
+    };
+    for caches in both_modes(TINY) {
+        let mut sunk = Vec::new();
+        let mut next = 100;
+        let put = |caches: &CpuCaches, sunk: &mut Vec<usize>, next: &mut usize| {
+            for _ in 0..3 {
+                *next += 1;
+                if let Err(p) = caches.free(token(0, *next)) {
+                    sunk.push(p.as_ptr().addr());
+                }
+            }
+        };
+        on_cpu(second, || put(&caches, &mut sunk, &mut next)).unwrap();
+        let on_second = caches.stats().cpu_rounds;
+        on_cpu(first, || {
+            put(&caches, &mut sunk, &mut next);
+            assert_eq!(caches.drain_idle(|_| unreachable!()), 0);
+            let p = caches.alloc().expect("a cached round");
+            sunk.push(p.as_ptr().addr());
+            let before = caches.stats().cpu_rounds;
+            let mut drained = 0;
+            assert_eq!(
+                caches.drain_idle(|p| {
+                    drained += 1;
+                    sunk.push(p.as_ptr().addr())
+                }),
+                1
+            );
+            assert_eq!(drained, on_second, "the idle CPU's rounds");
+            assert_eq!(caches.stats().cpu_rounds, before - on_second, "the busy CPU lost rounds");
+        })
+        .unwrap();
+        caches.drain(|p| sunk.push(p.as_ptr().addr()));
+        assert_no_duplicates(&sunk, "idle drain on two CPUs");
+        assert_eq!(sunk.len(), 6, "a round was lost");
+    }
+}

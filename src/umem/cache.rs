@@ -98,6 +98,10 @@
 //!   frees the magazines that stayed idle in the depot for the whole previous interval
 //!   ([`CpuCaches::reap`]): the minimum number of magazines used per interval stays, the
 //!   excess goes (rounds destructed into the slabs).
+//! - **Idle CPUs**: each interval also drains the magazines of the CPUs that did nothing
+//!   with the cache since the previous one ([`CpuCaches::drain_idle`]), so a CPU the
+//!   program stopped running on gives its cached objects back while the others keep
+//!   using the cache.
 //! - **Decay**: a cache whose slab layer saw no traffic (no miss) for
 //!   [`Config::decay_intervals`] intervals (default 10) is drained entirely and its empty
 //!   slabs are given back ([`SlabCache::shrink`]).
@@ -1622,6 +1626,9 @@ impl Inner {
             self.cpu.grow_if_exchanging(exchanges, EXCHANGE_GROWTH_BYTES / self.size.max(1), &mut counted);
         }
         self.cpu.reap(&mut counted);
+        // The CPUs that did nothing with this cache for a whole interval give their
+        // magazines back (`CpuCaches::drain_idle`).
+        self.cpu.drain_idle(&mut counted);
         // The word packs (idle intervals << 32 | low 32 bits of the misses seen).
         // Relaxed: a heuristic; concurrent updates at worst miscount an interval.
         let word = self.decay.load(Ordering::Relaxed);

@@ -84,6 +84,23 @@
 //! panicking sink leaks the rounds it did not get (never hands them out twice) and
 //! leaves the layer working.
 //!
+//! # Idle CPUs
+//!
+//! A CPU the program stops running on keeps its loaded and previous magazines, and the
+//! working-set reap, which frees only the depot's idle magazines, never sees them: on a
+//! many-core machine whose load shrinks to a few CPUs, every other CPU would hold its
+//! rounds for as long as the class stays in use elsewhere (tcmalloc drains the caches of
+//! CPUs the process no longer runs on for the same reason).
+//! [`drain_idle`](CpuCaches::drain_idle), called once per working-set interval, drains
+//! exactly the slots whose state word did not change since its previous call and that
+//! still hold rounds: under the reconfiguration mutex it stops those slots only (the
+//! same stop word and, in rseq mode, the same `heavy_rseq` fence as a full
+//! reconfiguration, so the argument above applies slot by slot; in locked mode a slot
+//! whose lock a fast path holds is busy and is skipped), drains them, and restarts them.
+//! The other CPUs' sections run on meanwhile. A state word that came back to the same
+//! value after a second of traffic (as many pushes as pops) makes a busy CPU look idle:
+//! it then refills from the depot on its next miss, which costs it one exchange.
+//!
 //! # Sizing
 //!
 //! Each [`update`](CpuCaches::update) ends an interval: the depot's working set moves on
@@ -160,7 +177,7 @@ struct Reconfiguring<'a> {
 impl Drop for Reconfiguring<'_> {
     fn drop(&mut self) {
         if self.stopped {
-            self.caches.unstop_all();
+            self.caches.unstop_stopped();
         }
         // Release: pairs with the Acquire that takes the flag in `reconfigure`: the next
         // reconfigurer sees this one's slot and depot changes.
@@ -240,6 +257,8 @@ pub struct Stats {
     pub exchanges: usize,
     /// Resizes since creation.
     pub resizes: usize,
+    /// CPUs drained by [`CpuCaches::drain_idle`] since creation.
+    pub idle_drains: usize,
 }
 
 /// One CPU's state word, decoded (see the module documentation).
@@ -309,6 +328,9 @@ struct Slot {
     state: AtomicUsize,
     /// Magazines; which is which is in `state`. Written like `state`.
     mags: [AtomicPtr<Magazine>; 3],
+    /// The state word [`drain_idle`](CpuCaches::drain_idle) saw at its previous call
+    /// (written only by it, under the reconfiguration mutex; no section reads it).
+    seen: AtomicUsize,
 }
 
 impl Slot {
@@ -317,6 +339,7 @@ impl Slot {
             stop: AtomicUsize::new(FREE),
             state: AtomicUsize::new(State::INITIAL.0 as usize),
             mags: core::array::from_fn(|_| AtomicPtr::new(null_mut())),
+            seen: AtomicUsize::new(State::INITIAL.0 as usize),
         }
     }
 
@@ -514,6 +537,8 @@ pub struct CpuCaches {
     /// The depot exchanges at the last [`grow_if_exchanging`](CpuCaches::grow_if_exchanging).
     tick_exchanges: AtomicUsize,
     resizes: AtomicUsize,
+    /// CPUs drained by `drain_idle` (a statistic).
+    idle_drains: AtomicUsize,
     /// The most rounds any growth rule may reach now, below [`Config::max_rounds`]: set
     /// by an owner that shares a memory budget among layers (umem's global heap bounds
     /// the magazine capacity of all its size classes per CPU). `usize::MAX`: no cap.
@@ -603,6 +628,7 @@ impl CpuCaches {
             tick_contention: AtomicUsize::new(0),
             tick_exchanges: AtomicUsize::new(0),
             resizes: AtomicUsize::new(0),
+            idle_drains: AtomicUsize::new(0),
             growth_cap: AtomicUsize::new(usize::MAX),
         })
     }
@@ -923,8 +949,9 @@ impl CpuCaches {
             magazine_size: self.magazine_size(),
             contention: self.depot.contention(),
             exchanges: self.depot.exchanges(),
-            // Relaxed: a statistic.
+            // Relaxed: statistics.
             resizes: self.resizes.load(Ordering::Relaxed),
+            idle_drains: self.idle_drains.load(Ordering::Relaxed),
         }
     }
 
@@ -984,6 +1011,77 @@ impl CpuCaches {
     /// ```
     pub fn reap(&self, mut sink: impl FnMut(NonNull<u8>)) -> usize {
         self.depot.reap(&mut sink)
+    }
+
+    /// Drains the slots of the CPUs that did nothing with this layer since the previous
+    /// call and still hold rounds (module documentation, "Idle CPUs"): their rounds go to
+    /// `sink`, their magazines are retired, and the other CPUs keep running. Returns the
+    /// number of CPUs drained. Meant to be called once per working-set interval (an
+    /// object cache's [`update`](crate::umem::ObjectCache::update) does): a CPU the
+    /// program stopped running on then gives back what it cached within two intervals.
+    ///
+    /// ```
+    /// use std::ptr::NonNull;
+    /// let caches = scalemem::umem::cpu_cache::CpuCaches::new(Default::default()).unwrap();
+    /// let mut object = 0u64;
+    /// let kept = caches.free(NonNull::from(&mut object).cast()).is_ok();
+    /// caches.drain_idle(|_| unreachable!()); // the first call only looks
+    /// let mut drained = 0;
+    /// // Nothing happened on any CPU since: a CPU that holds the round is drained.
+    /// caches.drain_idle(|_| drained += 1);
+    /// assert_eq!(drained, usize::from(kept));
+    /// assert_eq!(caches.stats().cpu_rounds, 0);
+    /// ```
+    pub fn drain_idle(&self, mut sink: impl FnMut(NonNull<u8>)) -> usize {
+        let backoff = Backoff::new();
+        // Acquire: as in `reconfigure` (serialised with every reconfiguration, so that
+        // the stop words this writes are the only STOPPED ones).
+        while self.reconfig.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            backoff.snooze();
+        }
+        // Lets go of the stopped slots and of the flag however this ends.
+        let mut held = Reconfiguring { caches: self, stopped: false };
+        let mut idle = 0;
+        for slot in self.slots.iter() {
+            // Relaxed: a hint about another CPU's slot (a section may commit right after
+            // this load; the stop below and the fence decide what is drained). `seen` is
+            // written only here, under the mutex.
+            let state = slot.snapshot();
+            let seen = slot.seen.swap(state.0 as usize, Ordering::Relaxed);
+            if seen != state.0 as usize || state.rounds() + state.prev_rounds() == 0 {
+                continue;
+            }
+            let stopped = match self.mode {
+                // SeqCst: ordered before the heavy_rseq fence, as in `stop_all`.
+                Mode::Rseq => {
+                    slot.stop.store(STOPPED, Ordering::SeqCst);
+                    true
+                }
+                // Acquire: as in `stop_all`; a slot a fast path holds now is not idle.
+                Mode::Locked => slot.stop.compare_exchange(FREE, STOPPED, Ordering::Acquire, Ordering::Relaxed).is_ok(),
+            };
+            idle += usize::from(stopped);
+        }
+        if idle == 0 {
+            return 0;
+        }
+        held.stopped = true;
+        if self.mode == Mode::Rseq && !fence::heavy_rseq() {
+            // Refused (it was accepted when the layer was made): nothing is drained.
+            return 0;
+        }
+        let guard = epoch::pin();
+        for slot in self.slots.iter() {
+            // Relaxed: our own stores (under the mutex no one else stops a slot).
+            if slot.stop.load(Ordering::Relaxed) == STOPPED {
+                slot.drain_exclusive(&mut sink, &guard);
+                // Relaxed: as above; the drained state is what the next call compares.
+                slot.seen.store(State::INITIAL.0 as usize, Ordering::Relaxed);
+            }
+        }
+        // Relaxed: a statistic.
+        self.idle_drains.fetch_add(idle, Ordering::Relaxed);
+        idle
     }
 
     /// Full magazines in the depot now: a relaxed load, a hint under concurrency (never
@@ -1260,6 +1358,19 @@ impl CpuCaches {
                     }
                 }
                 true
+            }
+        }
+    }
+
+    /// Restarts every slot a reconfiguration stopped (all of them after `stop_all`, the
+    /// idle ones after `drain_idle`): only reconfigurers, serialised by the mutex, write
+    /// `STOPPED`, so a locked-mode slot that a fast path holds is left alone.
+    fn unstop_stopped(&self) {
+        for slot in self.slots.iter() {
+            // Relaxed: our own stores (see above).
+            if slot.stop.load(Ordering::Relaxed) == STOPPED {
+                // Release: as in `unstop_all`.
+                slot.stop.store(FREE, Ordering::Release);
             }
         }
     }
