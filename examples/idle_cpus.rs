@@ -2,11 +2,12 @@
 //! CPUs"): one thread works on every CPU it may run on in turn, allocating and freeing
 //! bursts of 4 KiB objects from an `ObjectCache` (background reaper on, the default) so
 //! that each CPU's magazines fill, then stays on the first CPU and keeps working there
-//! with bursts its own magazines serve. Every half second it prints what the CPUs'
-//! magazines hold. The magazines have a fixed size here (31 rounds, no growth rule), so
-//! that no resize, which drains every CPU, hides what happens to an idle one: its
-//! objects go back within about two working-set intervals (1 s each), while the CPU in
-//! use keeps its own. (Before the idle drain they stayed until the cache's decay, which
+//! with bursts its own magazines serve. Every half second it prints what the cache holds
+//! in magazines (the CPUs' and the depot's). The magazines have a fixed size here (31 rounds, no growth rule), so
+//! that no resize, which drains every CPU, hides what happens to an idle one: within
+//! about two working-set intervals (1 s each) its full magazines move to the depot, and
+//! an interval later the working-set reap gives them back, while the CPU in use keeps
+//! its own. (Before the idle drain they stayed until the cache's decay, which
 //! needs ten intervals without any slab traffic, not just none on that CPU.)
 //!
 //! ```text
@@ -82,6 +83,9 @@ fn main() {
         || cache.alloc().expect("an object"),
         // SAFETY: from this cache, freed once.
         |p| unsafe { cache.free(p) }.expect("a free"),
-        || cache.stats().cpu_rounds * SIZE,
+        || {
+            let stats = cache.stats();
+            (stats.cpu_rounds + stats.depot_full * stats.magazine_size) * SIZE
+        },
     );
 }

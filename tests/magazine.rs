@@ -673,13 +673,24 @@ fn drain_idle_takes_only_what_idle_cpus_hold() {
             assert_eq!(caches.drain_idle(|_| unreachable!()), 0, "a CPU that just worked was drained");
             assert!(caches.free(p).is_ok());
             assert_eq!(caches.drain_idle(|_| unreachable!()), 0, "a CPU that just worked was drained");
-            // No activity since: drained, every round to the sink, nothing cached.
-            assert_eq!(caches.drain_idle(|p| sunk.push(p.as_ptr().addr())), 1);
+            // No activity since: drained, its full magazine to the depot and the rest of
+            // its rounds to the sink; nothing left on the CPU.
+            let depot_before = caches.stats().depot_full;
+            let mut to_sink = 0;
+            assert_eq!(
+                caches.drain_idle(|p| {
+                    to_sink += 1;
+                    sunk.push(p.as_ptr().addr())
+                }),
+                1
+            );
             let stats = caches.stats();
             assert_eq!((stats.cpu_rounds, stats.idle_drains), (0, 1), "{stats:?}");
+            assert_eq!(to_sink + 2 * (stats.depot_full - depot_before), cached, "{stats:?}");
             // An emptied CPU holds nothing: not drained again.
             assert_eq!(caches.drain_idle(|_| unreachable!()), 0);
         });
+        caches.drain(|p| sunk.push(p.as_ptr().addr()));
         assert_no_duplicates(&sunk, "idle drain");
         assert_eq!(sunk.len(), 3, "a round was lost");
         caches.assert_valid();
@@ -714,7 +725,7 @@ fn drain_idle_leaves_busy_cpus_alone() {
             assert_eq!(caches.drain_idle(|_| unreachable!()), 0);
             let p = caches.alloc().expect("a cached round");
             sunk.push(p.as_ptr().addr());
-            let before = caches.stats().cpu_rounds;
+            let before = caches.stats();
             let mut drained = 0;
             assert_eq!(
                 caches.drain_idle(|p| {
@@ -723,8 +734,9 @@ fn drain_idle_leaves_busy_cpus_alone() {
                 }),
                 1
             );
-            assert_eq!(drained, on_second, "the idle CPU's rounds");
-            assert_eq!(caches.stats().cpu_rounds, before - on_second, "the busy CPU lost rounds");
+            let after = caches.stats();
+            assert_eq!(drained + 2 * (after.depot_full - before.depot_full), on_second, "the idle CPU's rounds");
+            assert_eq!(after.cpu_rounds, before.cpu_rounds - on_second, "the busy CPU lost rounds");
         })
         .unwrap();
         caches.drain(|p| sunk.push(p.as_ptr().addr()));

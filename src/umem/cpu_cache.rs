@@ -97,9 +97,11 @@
 //! same stop word and, in rseq mode, the same `heavy_rseq` fence as a full
 //! reconfiguration, so the argument above applies slot by slot; in locked mode a slot
 //! whose lock a fast path holds is busy and is skipped), drains them, and restarts them.
-//! The other CPUs' sections run on meanwhile. A state word that came back to the same
-//! value after a second of traffic (as many pushes as pops) makes a busy CPU look idle:
-//! it then refills from the depot on its next miss, which costs it one exchange.
+//! The other CPUs' sections run on meanwhile. A full magazine of a drained slot goes to
+//! the depot whole, the rest to the caller's sink. A state word that came back to the
+//! same value after a second of traffic (as many pushes as pops) makes a busy CPU look
+//! idle: it then refills on its next misses, from the depot (where its full magazine
+//! went) or the layer below.
 //!
 //! # Sizing
 //!
@@ -405,6 +407,38 @@ impl Slot {
         let evicted = prev.load(Ordering::Relaxed);
         self.set_state(new);
         Some(evicted)
+    }
+
+    /// [`drain_exclusive`](Self::drain_exclusive) for [`CpuCaches::drain_idle`]: a full
+    /// magazine goes to the depot's full list whole (its rounds stay cached for whichever
+    /// CPU wants them next, and the working-set reap frees it after an interval in which
+    /// none does); partial and empty ones go as a drain sends them. Requires exclusive
+    /// access.
+    fn drain_to_depot(&self, depot: &Depot, sink: &mut dyn FnMut(NonNull<u8>), guard: &epoch::Guard) {
+        let state = self.snapshot();
+        // As in `drain_exclusive`: the slot lets go of its magazines first.
+        self.set_state(State::INITIAL);
+        for (index, rounds, cap) in
+            [(state.loaded(), state.rounds(), state.cap()), (state.prev(), state.prev_rounds(), state.prev_cap())]
+        {
+            if cap == 0 {
+                continue;
+            }
+            let Some(mag) = self.mag(index) else {
+                debug_assert!(false, "cpu_cache: a present magazine is null");
+                continue;
+            };
+            if rounds == cap {
+                // Ours (the slot is stopped and reset), full: the depot's full list takes
+                // exactly such magazines.
+                depot.push_full(mag);
+                continue;
+            }
+            // SAFETY: as in `drain_exclusive`.
+            unsafe { Magazine::empty_into(mag, rounds, sink) };
+            // SAFETY: as in `drain_exclusive`.
+            unsafe { Magazine::retire(mag, guard) };
+        }
     }
 
     /// Takes the loaded and previous magazines out (rounds to `sink`, magazines retired)
@@ -1014,9 +1048,10 @@ impl CpuCaches {
     }
 
     /// Drains the slots of the CPUs that did nothing with this layer since the previous
-    /// call and still hold rounds (module documentation, "Idle CPUs"): their rounds go to
-    /// `sink`, their magazines are retired, and the other CPUs keep running. Returns the
-    /// number of CPUs drained. Meant to be called once per working-set interval (an
+    /// call and still hold rounds (module documentation, "Idle CPUs"): their full
+    /// magazines go to the depot (which the working-set reap empties if no CPU takes
+    /// them), the rounds of the others to `sink`; the other CPUs keep running. Returns
+    /// the number of CPUs drained. Meant to be called once per working-set interval (an
     /// object cache's [`update`](crate::umem::ObjectCache::update) does): a CPU the
     /// program stopped running on then gives back what it cached within two intervals.
     ///
@@ -1027,8 +1062,9 @@ impl CpuCaches {
     /// let kept = caches.free(NonNull::from(&mut object).cast()).is_ok();
     /// caches.drain_idle(|_| unreachable!()); // the first call only looks
     /// let mut drained = 0;
-    /// // Nothing happened on any CPU since: a CPU that holds the round is drained.
-    /// caches.drain_idle(|_| drained += 1);
+    /// // Nothing happened on any CPU since: a CPU that holds the round (in a magazine of
+    /// // 15, not full) is drained.
+    /// assert_eq!(caches.drain_idle(|_| drained += 1), usize::from(kept));
     /// assert_eq!(drained, usize::from(kept));
     /// assert_eq!(caches.stats().cpu_rounds, 0);
     /// ```
@@ -1074,7 +1110,7 @@ impl CpuCaches {
         for slot in self.slots.iter() {
             // Relaxed: our own stores (under the mutex no one else stops a slot).
             if slot.stop.load(Ordering::Relaxed) == STOPPED {
-                slot.drain_exclusive(&mut sink, &guard);
+                slot.drain_to_depot(&self.depot, &mut sink, &guard);
                 // Relaxed: as above; the drained state is what the next call compares.
                 slot.seen.store(State::INITIAL.0 as usize, Ordering::Relaxed);
             }
