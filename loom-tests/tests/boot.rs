@@ -22,18 +22,22 @@ use scalemem_loom_tests::run_model;
 /// Two chunks: 64 bytes, then 128.
 type Arena = BootArena<2>;
 
-/// Chunks from leaked, 16-aligned buffers (plain memory: the model checks the arena's
-/// atomics, not the blocks' bytes); counts maps and unmaps. Its lock is never held across
-/// a loom operation, so it cannot block a loom thread.
+/// Chunks from 16-aligned heap buffers it keeps until dropped (plain memory: the model
+/// checks the arena's atomics, not the blocks' bytes); counts maps and unmaps. Its locks
+/// are never held across a loom operation, so they cannot block a loom thread.
 #[derive(Default)]
 struct Buffers {
     counts: Mutex<(usize, usize)>,
+    chunks: Mutex<Vec<Box<[u128]>>>,
 }
 
 impl ChunkSource for Buffers {
     fn map(&self, bytes: usize) -> usize {
         self.counts.lock().unwrap().0 += 1;
-        Box::leak(vec![0u128; bytes / 16].into_boxed_slice()).as_mut_ptr() as usize
+        let mut words = vec![0u128; bytes / 16].into_boxed_slice();
+        let base = words.as_mut_ptr() as usize;
+        self.chunks.lock().unwrap().push(words);
+        base
     }
 
     unsafe fn unmap(&self, _base: usize, _bytes: usize) {

@@ -213,11 +213,18 @@ mod tests {
     use super::*;
     use std::sync::Mutex;
 
-    /// Chunks from leaked, 16-aligned heap buffers; counts maps and unmaps; refuses
-    /// after `limit` maps.
+    /// Chunks from 16-aligned heap buffers it keeps (and frees when dropped, after the
+    /// arena that used them); counts maps and unmaps; refuses after `limit` maps.
     struct Buffers {
         maps: Mutex<(usize, usize)>,
         limit: usize,
+        chunks: Mutex<Vec<Box<[u128]>>>,
+    }
+
+    impl Buffers {
+        fn new(limit: usize) -> Self {
+            Self { maps: Mutex::new((0, 0)), limit, chunks: Mutex::new(Vec::new()) }
+        }
     }
 
     impl ChunkSource for Buffers {
@@ -227,8 +234,11 @@ mod tests {
                 return 0;
             }
             counts.0 += 1;
-            let words = vec![0u128; bytes / 16].into_boxed_slice();
-            Box::leak(words).as_mut_ptr() as usize
+            let mut words = vec![0u128; bytes / 16].into_boxed_slice();
+            let base = words.as_mut_ptr() as usize;
+            // The box moves into the list; its heap buffer (and `base`) stays put.
+            self.chunks.lock().unwrap().push(words);
+            base
         }
 
         unsafe fn unmap(&self, _base: usize, _bytes: usize) {
@@ -242,7 +252,7 @@ mod tests {
     #[test]
     fn bumps_through_chunks() {
         let arena = BootArena::<3>::new(256);
-        let source = Buffers { maps: Mutex::new((0, 0)), limit: usize::MAX };
+        let source = Buffers::new(usize::MAX);
         let a = arena.alloc(100, 16, &source);
         let b = arena.alloc(100, 32, &source);
         assert!(!a.is_null() && !b.is_null() && (b as usize).is_multiple_of(32));
@@ -272,7 +282,7 @@ mod tests {
     #[test]
     fn refusal_is_not_remembered() {
         let arena = BootArena::<2>::new(64);
-        let mut source = Buffers { maps: Mutex::new((0, 0)), limit: 0 };
+        let mut source = Buffers::new(0);
         assert!(arena.alloc(16, 16, &source).is_null());
         source.limit = 1;
         let p = arena.alloc(16, 16, &source);
@@ -284,7 +294,7 @@ mod tests {
     #[test]
     fn threads_get_disjoint_blocks() {
         let arena = BootArena::<6>::new(1024);
-        let source = Buffers { maps: Mutex::new((0, 0)), limit: usize::MAX };
+        let source = Buffers::new(usize::MAX);
         let blocks = Mutex::new(Vec::new());
         std::thread::scope(|s| {
             for t in 0..8usize {
