@@ -665,20 +665,20 @@ fn drain_idle_takes_only_what_idle_cpus_hold() {
             }
             let cached = caches.stats().cpu_rounds;
             assert_eq!(cached + sunk.len(), 3);
-            assert_eq!(caches.drain_idle(|_| unreachable!()), 0, "the first call only looks");
+            assert_eq!(caches.drain_idle(1, |_| unreachable!()), 0, "the first call only looks");
             // Activity between two calls (a round taken: the state word moved): not idle.
             // (As many frees as allocations would bring the word back: see the module
             // documentation.)
             let p = caches.alloc().expect("a cached round");
-            assert_eq!(caches.drain_idle(|_| unreachable!()), 0, "a CPU that just worked was drained");
+            assert_eq!(caches.drain_idle(1, |_| unreachable!()), 0, "a CPU that just worked was drained");
             assert!(caches.free(p).is_ok());
-            assert_eq!(caches.drain_idle(|_| unreachable!()), 0, "a CPU that just worked was drained");
+            assert_eq!(caches.drain_idle(1, |_| unreachable!()), 0, "a CPU that just worked was drained");
             // No activity since: drained, its full magazine to the depot and the rest of
             // its rounds to the sink; nothing left on the CPU.
             let depot_before = caches.stats().depot_full;
             let mut to_sink = 0;
             assert_eq!(
-                caches.drain_idle(|p| {
+                caches.drain_idle(1, |p| {
                     to_sink += 1;
                     sunk.push(p.as_ptr().addr())
                 }),
@@ -688,7 +688,7 @@ fn drain_idle_takes_only_what_idle_cpus_hold() {
             assert_eq!((stats.cpu_rounds, stats.idle_drains), (0, 1), "{stats:?}");
             assert_eq!(to_sink + 2 * (stats.depot_full - depot_before), cached, "{stats:?}");
             // An emptied CPU holds nothing: not drained again.
-            assert_eq!(caches.drain_idle(|_| unreachable!()), 0);
+            assert_eq!(caches.drain_idle(1, |_| unreachable!()), 0);
         });
         caches.drain(|p| sunk.push(p.as_ptr().addr()));
         assert_no_duplicates(&sunk, "idle drain");
@@ -722,13 +722,13 @@ fn drain_idle_leaves_busy_cpus_alone() {
         let on_second = caches.stats().cpu_rounds;
         on_cpu(first, || {
             put(&caches, &mut sunk, &mut next);
-            assert_eq!(caches.drain_idle(|_| unreachable!()), 0);
+            assert_eq!(caches.drain_idle(1, |_| unreachable!()), 0);
             let p = caches.alloc().expect("a cached round");
             sunk.push(p.as_ptr().addr());
             let before = caches.stats();
             let mut drained = 0;
             assert_eq!(
-                caches.drain_idle(|p| {
+                caches.drain_idle(1, |p| {
                     drained += 1;
                     sunk.push(p.as_ptr().addr())
                 }),

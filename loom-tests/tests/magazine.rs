@@ -136,7 +136,7 @@ fn idle_drain_against_the_fast_path() {
         // Main thread (CPU 0) caches two rounds; then the first call records every slot.
         let mut seen = free_then_alloc(&caches, &[1, 2], 0);
         assert!(seen.is_empty());
-        assert_eq!(caches.drain_idle(|_| unreachable!()), 0, "the first call only looks");
+        assert_eq!(caches.drain_idle(1, |_| unreachable!()), 0, "the first call only looks");
         let other = {
             let caches = caches.clone();
             thread::spawn(move || free_then_alloc(&caches, &[3, 4, 5], 1))
@@ -144,11 +144,11 @@ fn idle_drain_against_the_fast_path() {
         // CPU 0 did nothing since: drained. CPU 1 is drained too if the call finds it
         // holding rounds with the state it had at the first call (here: never, it held
         // nothing then), and never while its lock is held.
-        let drained = caches.drain_idle(|round| seen.push(addr(round)));
+        let drained = caches.drain_idle(1, |round| seen.push(addr(round)));
         assert!(drained >= 1, "CPU 0 sat idle with two rounds");
         seen.extend(other.join().unwrap());
         // A third call: CPU 1, if untouched since the second, is drained now.
-        caches.drain_idle(|round| seen.push(addr(round)));
+        caches.drain_idle(1, |round| seen.push(addr(round)));
         drain_all(caches, &mut seen);
         assert_each_once(seen, 5);
     });

@@ -99,9 +99,12 @@
 //!   ([`CpuCaches::reap`]): the minimum number of magazines used per interval stays, the
 //!   excess goes (rounds destructed into the slabs).
 //! - **Idle CPUs**: each interval also drains the magazines of the CPUs that did nothing
-//!   with the cache since the previous one ([`CpuCaches::drain_idle`]), so a CPU the
-//!   program stopped running on gives its cached objects back while the others keep
-//!   using the cache.
+//!   with the cache since the previous one and hold at least [`Config::idle_drain`]
+//!   bytes of objects (64 KiB by default; [`CpuCaches::drain_idle`]: their full
+//!   magazines go to the depot, for the working-set reap), so a CPU the program stopped
+//!   running on gives its cached objects back while the others keep using the cache.
+//!   Each such drain costs a stop and an rseq fence (a `membarrier`); the threshold
+//!   keeps them to the CPUs holding enough to repay one.
 //! - **Decay**: a cache whose slab layer saw no traffic (no miss) for
 //!   [`Config::decay_intervals`] intervals (default 10) is drained entirely and its empty
 //!   slabs are given back ([`SlabCache::shrink`]).
@@ -222,6 +225,10 @@ pub const GROW_EXCHANGES: usize = 6_400;
 /// the magazines).
 pub const EXCHANGE_GROWTH_BYTES: usize = 1 << 20;
 
+/// The default of [`Config::idle_drain`]: an idle CPU's magazines are drained when they
+/// hold at least 64 KiB of objects (31 rounds of 2 KiB, 256 of 256 bytes).
+pub const IDLE_DRAIN_BYTES: usize = 64 << 10;
+
 /// A constructor: makes the raw chunk at the pointer (`size` bytes, aligned) a valid
 /// object, or fails (the chunk goes back to the slab layer).
 pub type Ctor = Box<dyn Fn(NonNull<u8>) -> Result<(), AllocError> + Send + Sync>;
@@ -313,6 +320,12 @@ pub struct Config {
     /// [`cpu_cache::Config::max_rounds`]). `None`: contention alone grows them, as in
     /// libumem. Default: `Some(`[`GROW_EXCHANGES`]`)`.
     pub grow_exchanges: Option<usize>,
+    /// The idle-CPU drain (module documentation, "Reaping and returning memory"): a CPU
+    /// that did nothing with the cache for a whole working-set interval gives its
+    /// magazines back if they hold at least this many bytes of objects (so that a stop
+    /// and an rseq fence, a `membarrier`, are spent only where they return something
+    /// worth it). `None`: never. Default: `Some(`[`IDLE_DRAIN_BYTES`]`)`.
+    pub idle_drain: Option<usize>,
 }
 
 impl Default for Config {
@@ -326,6 +339,7 @@ impl Default for Config {
             reaper: true,
             trim_threshold: None,
             grow_exchanges: Some(GROW_EXCHANGES),
+            idle_drain: Some(IDLE_DRAIN_BYTES),
         }
     }
 }
@@ -445,6 +459,8 @@ struct Inner {
     decay_intervals: usize,
     /// [`Config::grow_exchanges`].
     grow_exchanges: Option<usize>,
+    /// [`Config::idle_drain`], in rounds (at least 1).
+    idle_drain: Option<usize>,
     cpu: CpuCaches,
     shared: Arc<Shared>,
     regions: &'static Regions,
@@ -825,6 +841,7 @@ impl CacheBuilder {
             checking: config.checking,
             decay_intervals: config.decay_intervals.max(1),
             grow_exchanges: config.grow_exchanges,
+            idle_drain: config.idle_drain.map(|bytes| (bytes / size.max(1)).max(1)),
             cpu,
             shared,
             regions,
@@ -1627,8 +1644,10 @@ impl Inner {
         }
         self.cpu.reap(&mut counted);
         // The CPUs that did nothing with this cache for a whole interval give their
-        // magazines back (`CpuCaches::drain_idle`).
-        self.cpu.drain_idle(&mut counted);
+        // magazines back (`CpuCaches::drain_idle`), if they hold enough to be worth it.
+        if let Some(rounds) = self.idle_drain {
+            self.cpu.drain_idle(rounds, &mut counted);
+        }
         // The word packs (idle intervals << 32 | low 32 bits of the misses seen).
         // Relaxed: a heuristic; concurrent updates at worst miscount an interval.
         let word = self.decay.load(Ordering::Relaxed);

@@ -93,7 +93,8 @@
 //! CPUs the process no longer runs on for the same reason).
 //! [`drain_idle`](CpuCaches::drain_idle), called once per working-set interval, drains
 //! exactly the slots whose state word did not change since its previous call and that
-//! still hold rounds: under the reconfiguration mutex it stops those slots only (the
+//! hold at least as many rounds as the caller finds worth a stop (an object cache: 64
+//! KiB of objects by default, [`Config::idle_drain`](crate::umem::cache::Config)): under the reconfiguration mutex it stops those slots only (the
 //! same stop word and, in rseq mode, the same `heavy_rseq` fence as a full
 //! reconfiguration, so the argument above applies slot by slot; in locked mode a slot
 //! whose lock a fast path holds is busy and is skipped), drains them, and restarts them.
@@ -1048,7 +1049,8 @@ impl CpuCaches {
     }
 
     /// Drains the slots of the CPUs that did nothing with this layer since the previous
-    /// call and still hold rounds (module documentation, "Idle CPUs"): their full
+    /// call and hold at least `min_rounds` rounds (at least 1; module documentation,
+    /// "Idle CPUs"): their full
     /// magazines go to the depot (which the working-set reap empties if no CPU takes
     /// them), the rounds of the others to `sink`; the other CPUs keep running. Returns
     /// the number of CPUs drained. Meant to be called once per working-set interval (an
@@ -1060,15 +1062,18 @@ impl CpuCaches {
     /// let caches = scalemem::umem::cpu_cache::CpuCaches::new(Default::default()).unwrap();
     /// let mut object = 0u64;
     /// let kept = caches.free(NonNull::from(&mut object).cast()).is_ok();
-    /// caches.drain_idle(|_| unreachable!()); // the first call only looks
+    /// caches.drain_idle(1, |_| unreachable!()); // the first call only looks
+    /// // Nothing happened on any CPU since, but a CPU holding one round is not worth
+    /// // stopping when the caller asks for two.
+    /// assert_eq!(caches.drain_idle(2, |_| unreachable!()), 0);
     /// let mut drained = 0;
-    /// // Nothing happened on any CPU since: a CPU that holds the round (in a magazine of
-    /// // 15, not full) is drained.
-    /// assert_eq!(caches.drain_idle(|_| drained += 1), usize::from(kept));
+    /// // A CPU that holds the round (in a magazine of 15, not full) is drained.
+    /// assert_eq!(caches.drain_idle(1, |_| drained += 1), usize::from(kept));
     /// assert_eq!(drained, usize::from(kept));
     /// assert_eq!(caches.stats().cpu_rounds, 0);
     /// ```
-    pub fn drain_idle(&self, mut sink: impl FnMut(NonNull<u8>)) -> usize {
+    pub fn drain_idle(&self, min_rounds: usize, mut sink: impl FnMut(NonNull<u8>)) -> usize {
+        let min_rounds = min_rounds.max(1);
         let backoff = Backoff::new();
         // Acquire: as in `reconfigure` (serialised with every reconfiguration, so that
         // the stop words this writes are the only STOPPED ones).
@@ -1084,7 +1089,7 @@ impl CpuCaches {
             // written only here, under the mutex.
             let state = slot.snapshot();
             let seen = slot.seen.swap(state.0 as usize, Ordering::Relaxed);
-            if seen != state.0 as usize || state.rounds() + state.prev_rounds() == 0 {
+            if seen != state.0 as usize || state.rounds() + state.prev_rounds() < min_rounds {
                 continue;
             }
             let stopped = match self.mode {
