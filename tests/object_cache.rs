@@ -201,12 +201,29 @@ fn bursts(cache: &ObjectCache, rounds: usize, burst: usize) {
     }
 }
 
+/// Runs `f` with the thread pinned to the CPU it is on (so that no migration between a
+/// slow path's snapshot and its section counts as depot contention), then restores the
+/// thread's affinity.
+fn pinned<R>(f: impl FnOnce() -> R) -> R {
+    let original = rustix::thread::sched_getaffinity(None).unwrap();
+    let mut one = rustix::thread::CpuSet::new();
+    one.set(scalemem::cpu::current());
+    rustix::thread::sched_setaffinity(None, &one).unwrap();
+    let result = f();
+    rustix::thread::sched_setaffinity(None, &original).unwrap();
+    result
+}
+
 /// The exchange rule: one thread whose bursts of 100 outgrow its CPU's two 15-round
 /// magazines never contends, but trades magazines with the depot all the time; with the
 /// default configuration each working-set interval that saw more than `GROW_EXCHANGES`
 /// such trades grows the magazines a step, and an interval without them does not.
 #[test]
 fn a_single_threads_bursts_grow_the_magazines() {
+    pinned(single_threads_bursts);
+}
+
+fn single_threads_bursts() {
     let cache = ObjectCache::builder("bursts", 256, 16).config(config()).build().unwrap();
     assert_eq!(cache.stats().magazine_size, 15);
     // 1,000 bursts of 100 on 15-round magazines: about 10,000 magazines installed from
@@ -232,6 +249,10 @@ fn a_single_threads_bursts_grow_the_magazines() {
 /// KiB = 64), 64 KiB ones stay at 15 (the next step, 31, is past 16).
 #[test]
 fn the_exchange_rule_can_be_off_and_stops_at_its_byte_bound() {
+    pinned(exchange_rule_off_and_bound);
+}
+
+fn exchange_rule_off_and_bound() {
     let off = ObjectCache::builder("bursts-off", 256, 16).config(Config { grow_exchanges: None, ..config() }).build();
     let off = off.unwrap();
     bursts(&off, 700, 100);
@@ -257,10 +278,10 @@ fn the_exchange_rule_can_be_off_and_stops_at_its_byte_bound() {
 /// objects stay on one CPU.
 #[test]
 fn update_drains_a_cpu_that_sat_idle() {
-    let original = rustix::thread::sched_getaffinity(None).unwrap();
-    let mut one = rustix::thread::CpuSet::new();
-    one.set(scalemem::cpu::current());
-    rustix::thread::sched_setaffinity(None, &one).unwrap();
+    pinned(cpu_that_sat_idle);
+}
+
+fn cpu_that_sat_idle() {
     for drain in [true, false] {
         // 4 KiB objects in magazines of 31: 62 cached objects are 248 KiB, past 64 KiB.
         let magazines = MagConfig { initial_rounds: 31, min_rounds: 31, max_rounds: 31, ..MagConfig::default() };
@@ -282,7 +303,6 @@ fn update_drains_a_cpu_that_sat_idle() {
         cache.assert_valid();
         cache.reap();
     }
-    rustix::thread::sched_setaffinity(None, &original).unwrap();
 }
 
 /// A typed object with a pre-sized buffer and a drop counter.
