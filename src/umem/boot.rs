@@ -211,38 +211,72 @@ impl<const CHUNKS: usize> BootArena<CHUNKS> {
 #[cfg(all(test, not(scalemem_loom)))]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
+    use crate::sync::atomic::AtomicUsize;
+    use std::alloc::Layout;
 
-    /// Chunks from 16-aligned heap buffers it keeps (and frees when dropped, after the
-    /// arena that used them); counts maps and unmaps; refuses after `limit` maps.
+    /// Chunks from 16-aligned, zeroed heap buffers it keeps (and frees when dropped,
+    /// after the arena that used them); counts maps and unmaps; refuses after `limit`
+    /// maps (at most 64: 8 threads racing for each of 6 chunks map 48 at most). Atomics only, no `Mutex`: ThreadSanitizer does not see into std's futex
+    /// paths.
     struct Buffers {
-        maps: Mutex<(usize, usize)>,
         limit: usize,
-        chunks: Mutex<Vec<Box<[u128]>>>,
+        maps: AtomicUsize,
+        unmaps: AtomicUsize,
+        /// Each map's (address, bytes), by map number.
+        chunks: [(AtomicUsize, AtomicUsize); 64],
     }
 
     impl Buffers {
         fn new(limit: usize) -> Self {
-            Self { maps: Mutex::new((0, 0)), limit, chunks: Mutex::new(Vec::new()) }
+            Self {
+                limit: limit.min(64),
+                maps: AtomicUsize::new(0),
+                unmaps: AtomicUsize::new(0),
+                chunks: core::array::from_fn(|_| (AtomicUsize::new(0), AtomicUsize::new(0))),
+            }
+        }
+
+        /// Maps kept: maps less unmaps.
+        fn kept(&self) -> usize {
+            // Relaxed: read after the threads that mapped were joined.
+            self.maps.load(Ordering::Relaxed) - self.unmaps.load(Ordering::Relaxed)
         }
     }
 
     impl ChunkSource for Buffers {
         fn map(&self, bytes: usize) -> usize {
-            let mut counts = self.maps.lock().unwrap();
-            if counts.0 == self.limit {
+            // Relaxed: a counter; each map takes its own number below the limit.
+            let Ok(n) =
+                self.maps.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < self.limit).then_some(n + 1))
+            else {
                 return 0;
-            }
-            counts.0 += 1;
-            let mut words = vec![0u128; bytes / 16].into_boxed_slice();
-            let base = words.as_mut_ptr() as usize;
-            // The box moves into the list; its heap buffer (and `base`) stays put.
-            self.chunks.lock().unwrap().push(words);
+            };
+            let layout = Layout::from_size_align(bytes, 16).unwrap();
+            // SAFETY: a non-zero size (every chunk is).
+            let base = unsafe { std::alloc::alloc_zeroed(layout) } as usize;
+            assert_ne!(base, 0);
+            // Relaxed: read by `drop`, after every thread that maps is gone.
+            self.chunks[n].0.store(base, Ordering::Relaxed);
+            self.chunks[n].1.store(bytes, Ordering::Relaxed);
             base
         }
 
         unsafe fn unmap(&self, _base: usize, _bytes: usize) {
-            self.maps.lock().unwrap().1 += 1;
+            // Relaxed: a counter (the buffer itself is freed with the others on drop).
+            self.unmaps.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    impl Drop for Buffers {
+        fn drop(&mut self) {
+            for (base, bytes) in &self.chunks {
+                // Relaxed: exclusive access (`&mut self`).
+                let (base, bytes) = (base.load(Ordering::Relaxed), bytes.load(Ordering::Relaxed));
+                if base != 0 {
+                    // SAFETY: allocated in `map` with this layout, freed once.
+                    unsafe { std::alloc::dealloc(base as *mut u8, Layout::from_size_align(bytes, 16).unwrap()) };
+                }
+            }
         }
     }
 
@@ -274,7 +308,7 @@ mod tests {
         assert_eq!(arena.used(), 912);
         // The last chunk's rest (1024 - 520) cannot hold 512 more: spent.
         assert!(arena.alloc(512, 16, &source).is_null());
-        assert_eq!(*source.maps.lock().unwrap(), (3, 0));
+        assert_eq!((source.maps.load(Ordering::Relaxed), source.kept()), (3, 3));
     }
 
     /// A refused chunk publishes nothing: the request gets null, and a later one, once
@@ -295,25 +329,28 @@ mod tests {
     fn threads_get_disjoint_blocks() {
         let arena = BootArena::<6>::new(1024);
         let source = Buffers::new(usize::MAX);
-        let blocks = Mutex::new(Vec::new());
-        std::thread::scope(|s| {
-            for t in 0..8usize {
-                let (arena, source, blocks) = (&arena, &source, &blocks);
-                s.spawn(move || {
-                    for i in 0..64 {
-                        let size = 16 + 8 * ((t + i) % 7);
-                        let p = arena.alloc(size, 16, source);
-                        if p.is_null() {
-                            break;
+        let mut blocks: Vec<(usize, usize, u8)> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..8usize)
+                .map(|t| {
+                    let (arena, source) = (&arena, &source);
+                    s.spawn(move || {
+                        let mut mine = Vec::new();
+                        for i in 0..64 {
+                            let size = 16 + 8 * ((t + i) % 7);
+                            let p = arena.alloc(size, 16, source);
+                            if p.is_null() {
+                                break;
+                            }
+                            // SAFETY: `size` writable bytes of our own block.
+                            unsafe { p.write_bytes(t as u8, size) };
+                            mine.push((p as usize, size, t as u8));
                         }
-                        // SAFETY: `size` writable bytes of our own block.
-                        unsafe { p.write_bytes(t as u8, size) };
-                        blocks.lock().unwrap().push((p as usize, size, t as u8));
-                    }
-                });
-            }
+                        mine
+                    })
+                })
+                .collect();
+            threads.into_iter().flat_map(|t| t.join().unwrap()).collect()
         });
-        let mut blocks = blocks.into_inner().unwrap();
         blocks.sort();
         assert!(blocks.windows(2).all(|w| w[0].0 + w[0].1 + 8 <= w[1].0), "blocks overlap");
         for &(p, size, t) in &blocks {
@@ -323,7 +360,6 @@ mod tests {
             // SAFETY: as above, a block of this arena.
             assert_eq!(unsafe { arena.size_of(p as *const u8) }, size);
         }
-        let (maps, unmaps) = *source.maps.lock().unwrap();
-        assert_eq!(maps - unmaps, arena.chunk_in_use().min(5) + 1, "a chunk mapped for good twice");
+        assert_eq!(source.kept(), arena.chunk_in_use().min(5) + 1, "a chunk mapped for good twice");
     }
 }
