@@ -113,19 +113,19 @@
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use super::boot::{BootArena, ChunkSource};
 use super::cache::{CacheStats, Config, ObjectCache};
 use super::cpu_cache::{CpuCaches, RawSlots};
 use super::large::{self, LargeConfig, LargeHeap};
+use super::once::{OncePtr, SpinLock};
 use super::os;
 use super::region::{self, PAGE, Regions, StaticRegistry};
 use super::sizeclass::{
     COLOURED_ALIGN, ClassIndex, LOOKUP_MAX, MAX_CLASS_SIZE, NCLASSES, class_of, class_size, is_coloured,
 };
 use super::slot_table::{Published, SlotTable};
-use crate::util::Backoff;
 
 /// The alignment [`malloc`] guarantees (glibc's on x86-64: `max_align_t`).
 pub const MIN_ALIGN: usize = 16;
@@ -493,87 +493,36 @@ pub const CPU_CACHE_BYTES: usize = 8 << 20;
 /// How often each cache's working set is updated (libumem's reap interval).
 const UPDATE_NS: u64 = 1_000_000_000;
 
-/// A test-and-test-and-set lock that never allocates and can be taken and released
-/// without a scope (the `fork` handlers need both).
-struct SpinLock(AtomicBool);
-
-impl SpinLock {
-    const fn new() -> Self {
-        Self(AtomicBool::new(false))
-    }
-
-    fn try_lock(&self) -> bool {
-        // Acquire: pairs with the Release in `unlock` (the previous holder's writes).
-        !self.0.load(Ordering::Relaxed)
-            && self.0.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
-    }
-
-    fn lock(&self) {
-        let backoff = Backoff::new();
-        while !self.try_lock() {
-            backoff.snooze();
-        }
-    }
-
-    fn unlock(&self) {
-        // Release: pairs with the Acquire in `try_lock`.
-        self.0.store(false, Ordering::Release);
-    }
-}
-
-/// The heap once made (null before, or if making it failed).
-static HEAP: AtomicPtr<Heap> = AtomicPtr::new(ptr::null_mut());
-/// Serialises making the heap (and is held across `fork`, so a child never inherits a
-/// half-made heap).
-static INIT: SpinLock = SpinLock::new();
+/// The heap once made (`umem::once`: its protocol). Its lock serialises making the heap
+/// and is held across `fork`, so a child never inherits a half-made heap.
+static HEAP: OncePtr<'static, Heap> = OncePtr::new();
 
 /// The heap, making it on first use; `None` if the kernel refused memory for it.
 /// Called with the guard set, so what making it allocates goes to the bootstrap arena.
 #[inline]
 fn heap() -> Option<&'static Heap> {
-    // Acquire: pairs with the Release store in `make_heap` (the heap is initialised).
-    let h = HEAP.load(Ordering::Acquire);
-    if !h.is_null() {
-        // SAFETY: published once initialised, never unmapped.
-        return Some(unsafe { &*h });
-    }
-    make_heap()
+    HEAP.get().or_else(make_heap)
 }
 
 #[cold]
 #[inline(never)]
 fn make_heap() -> Option<&'static Heap> {
-    // Before INIT: a fork in another thread holds glibc's handler lock while its prepare
-    // handler waits for INIT. The registration allocates: the guard (set by our caller)
-    // sends that to the bootstrap arena.
+    // Before the heap's lock: a fork in another thread holds glibc's handler lock while
+    // its prepare handler waits for that lock. The registration allocates: the guard
+    // (set by our caller) sends that to the bootstrap arena. A refusal is not
+    // remembered: the next request tries again, so allocation works once the kernel
+    // gives memory.
     super::fork::register();
-    INIT.lock();
-    // Acquire/Relaxed: under INIT, which orders the maker's writes before ours.
-    let h = HEAP.load(Ordering::Acquire);
-    let result = if !h.is_null() {
-        // SAFETY: as in `heap`.
-        Some(unsafe { &*h })
-    } else {
-        // A refusal is not remembered: the next request tries again, so allocation
-        // works once the kernel gives memory.
-        match build_heap() {
-            Some(heap) => {
-                // Release: pairs with the Acquire loads in `heap`.
-                HEAP.store(heap.cast_mut(), Ordering::Release);
-                // SAFETY: just initialised and published; never unmapped.
-                Some(unsafe { &*heap })
-            }
-            None => None,
-        }
-    };
-    INIT.unlock();
-    result
+    HEAP.get_or_make(|| {
+        // SAFETY: a fresh mapping, initialised, never unmapped.
+        build_heap().map(|heap| unsafe { &*heap })
+    })
 }
 
 /// Maps and initialises the heap; null-free pointer or `None` (nothing kept).
 fn build_heap() -> Option<*const Heap> {
     // Manual Refcache epochs: ticked by maintenance, not by a background thread.
-    // SAFETY: REGISTRY is this heap's alone: the heap is built under INIT, and a build
+    // SAFETY: REGISTRY is this heap's alone: the heap is built under HEAP's lock, and a build
     // that fails after this line drops its manager, which maps no region before that.
     // The tag words: each slab page names its class's published slots (see `free`).
     let regions = unsafe { Regions::builder().refcache(crate::refcount::Config::manual()).static_registry(&REGISTRY) }
@@ -602,10 +551,7 @@ fn build_heap() -> Option<*const Heap> {
 /// The heap if it has been made (no set-up).
 #[inline]
 fn heap_if_made() -> Option<&'static Heap> {
-    // Acquire: as in `heap`.
-    let h = HEAP.load(Ordering::Acquire);
-    // SAFETY: as in `heap`.
-    (!h.is_null()).then(|| unsafe { &*h })
+    HEAP.get()
 }
 
 /// The magazine tuning of a size class: magazines of about 128 KiB of objects (a CPU
@@ -1694,7 +1640,7 @@ pub fn assert_valid() {
 /// The global heap's part of umem's `fork` prepare handler (`umem::fork`, which also
 /// takes the registered caches' locks before it, and the magazine pool's after).
 pub(super) fn fork_lock() {
-    INIT.lock();
+    HEAP.lock();
     if let Some(heap) = heap_if_made() {
         heap.maint.lock();
         heap.create.lock();
@@ -1739,7 +1685,7 @@ pub(super) unsafe fn fork_unlock() {
         heap.create.unlock();
         heap.maint.unlock();
     }
-    INIT.unlock();
+    HEAP.unlock();
 }
 
 // ---------------------------------------------------------------------------------------

@@ -66,6 +66,11 @@ mod fork;
 pub mod global;
 pub mod large;
 mod magazine;
+// Public under loom only, for the model in loom-tests/tests/once.rs.
+#[cfg(scalemem_loom)]
+pub mod once;
+#[cfg(not(scalemem_loom))]
+mod once;
 pub mod os;
 pub mod region;
 pub mod sizeclass;
