@@ -410,41 +410,12 @@ impl Slot {
         Some(evicted)
     }
 
-    /// [`drain_exclusive`](Self::drain_exclusive) for [`CpuCaches::drain_idle`]: a full
-    /// magazine goes to the depot's full list whole (its rounds stay cached for whichever
-    /// CPU wants them next, and the working-set reap frees it after an interval in which
-    /// none does); partial and empty ones go as a drain sends them. Requires exclusive
-    /// access.
-    fn drain_to_depot(&self, depot: &Depot, sink: &mut dyn FnMut(NonNull<u8>), guard: &epoch::Guard) {
-        let state = self.snapshot();
-        // As in `drain_exclusive`: the slot lets go of its magazines first.
-        self.set_state(State::INITIAL);
-        for (index, rounds, cap) in
-            [(state.loaded(), state.rounds(), state.cap()), (state.prev(), state.prev_rounds(), state.prev_cap())]
-        {
-            if cap == 0 {
-                continue;
-            }
-            let Some(mag) = self.mag(index) else {
-                debug_assert!(false, "cpu_cache: a present magazine is null");
-                continue;
-            };
-            if rounds == cap {
-                // Ours (the slot is stopped and reset), full: the depot's full list takes
-                // exactly such magazines.
-                depot.push_full(mag);
-                continue;
-            }
-            // SAFETY: as in `drain_exclusive`.
-            unsafe { Magazine::empty_into(mag, rounds, sink) };
-            // SAFETY: as in `drain_exclusive`.
-            unsafe { Magazine::retire(mag, guard) };
-        }
-    }
-
     /// Takes the loaded and previous magazines out (rounds to `sink`, magazines retired)
-    /// and resets the state; requires exclusive access.
-    fn drain_exclusive(&self, sink: &mut dyn FnMut(NonNull<u8>), guard: &epoch::Guard) {
+    /// and resets the state; requires exclusive access. With a `depot`
+    /// ([`CpuCaches::drain_idle`]) a full magazine goes to its full list whole instead
+    /// (its rounds stay cached for whichever CPU wants them next, and the working-set
+    /// reap frees it after an interval in which none does).
+    fn drain_exclusive(&self, depot: Option<&Depot>, sink: &mut dyn FnMut(NonNull<u8>), guard: &epoch::Guard) {
         let state = self.snapshot();
         // The slot lets go of both magazines before any round reaches `sink`: a sink that
         // panics (an object cache's destructor) then leaks the rounds not yet handed over,
@@ -461,6 +432,14 @@ impl Slot {
                 debug_assert!(false, "cpu_cache: a present magazine is null");
                 continue;
             };
+            if let Some(depot) = depot
+                && rounds == cap
+            {
+                // Ours (the slot is stopped and reset), full: the depot's full list takes
+                // exactly such magazines.
+                depot.push_full(mag);
+                continue;
+            }
             // SAFETY: exclusive access to a stopped/locked slot: the magazine is ours,
             // with `rounds` valid rounds.
             unsafe { Magazine::empty_into(mag, rounds, sink) };
@@ -827,7 +806,7 @@ impl CpuCaches {
         let slot = self.slots.get(cpu);
         let backoff = Backoff::new();
         for attempt in 0..LOCK_TRIES {
-            // Acquire: pairs with the Release unlocks below and in `unstop_all`, so this
+            // Acquire: pairs with the Release unlocks below and in `unstop_stopped`, so this
             // holder sees the slot and its magazines as the previous holder left them.
             if slot.stop.compare_exchange(FREE, LOCKED, Ordering::Acquire, Ordering::Relaxed).is_ok() {
                 let result = f(slot);
@@ -1115,7 +1094,7 @@ impl CpuCaches {
         for slot in self.slots.iter() {
             // Relaxed: our own stores (under the mutex no one else stops a slot).
             if slot.stop.load(Ordering::Relaxed) == STOPPED {
-                slot.drain_to_depot(&self.depot, &mut sink, &guard);
+                slot.drain_exclusive(Some(&self.depot), &mut sink, &guard);
                 // Relaxed: as above; the drained state is what the next call compares.
                 slot.seen.store(State::INITIAL.0 as usize, Ordering::Relaxed);
             }
@@ -1357,7 +1336,7 @@ impl CpuCaches {
         if self.stop_all() {
             held.stopped = true;
             for slot in self.slots.iter() {
-                slot.drain_exclusive(sink, &guard);
+                slot.drain_exclusive(None, sink, &guard);
             }
             if let Some(rounds) = resize {
                 // Relaxed: see magazine_size.
@@ -1366,7 +1345,7 @@ impl CpuCaches {
                 self.resizes.fetch_add(1, Ordering::Relaxed);
             }
             held.stopped = false;
-            self.unstop_all();
+            self.unstop_stopped();
         }
         drop(guard);
         self.depot.purge(sink);
@@ -1386,7 +1365,7 @@ impl CpuCaches {
                 if fence::heavy_rseq() {
                     return true;
                 }
-                self.unstop_all();
+                self.unstop_stopped();
                 false
             }
             Mode::Locked => {
@@ -1410,18 +1389,11 @@ impl CpuCaches {
         for slot in self.slots.iter() {
             // Relaxed: our own stores (see above).
             if slot.stop.load(Ordering::Relaxed) == STOPPED {
-                // Release: as in `unstop_all`.
+                // Release: a fast path that reads FREE (rseq: the section's load, an x86
+                // load with acquire semantics; locked: the Acquire CAS) sees the drained
+                // slot.
                 slot.stop.store(FREE, Ordering::Release);
             }
-        }
-    }
-
-    fn unstop_all(&self) {
-        for slot in self.slots.iter() {
-            // Release: a fast path that reads FREE (rseq: the section's load, an x86
-            // load with acquire semantics; locked: the Acquire CAS) sees the drained
-            // slot.
-            slot.stop.store(FREE, Ordering::Release);
         }
     }
 
