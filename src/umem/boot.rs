@@ -261,6 +261,7 @@ mod tests {
             base
         }
 
+        // SAFETY: nothing to uphold here: the buffer is freed with the others on drop.
         unsafe fn unmap(&self, _base: usize, _bytes: usize) {
             // Relaxed: a counter (the buffer itself is freed with the others on drop).
             self.unmaps.fetch_add(1, Ordering::Relaxed);

@@ -278,6 +278,8 @@ impl ChunkSource for OsChunks {
         os::map(bytes).map_or(0, |p| p.as_ptr() as usize)
     }
 
+    // SAFETY: the trait's contract (a chunk `map` returned that no one holds) is what
+    // `os::unmap` needs below.
     unsafe fn unmap(&self, base: usize, bytes: usize) {
         // SAFETY: the caller's: `base` is a non-null mapping of `bytes` from `map`, which
         // no one else saw.
