@@ -16,7 +16,7 @@ mod imp {
     #[allow(unused_imports)] // the facade offers the full set; each mode uses a subset
     pub(crate) mod atomic {
         pub(crate) use core::sync::atomic::{
-            AtomicBool, AtomicIsize, AtomicPtr, AtomicU8, AtomicUsize, Ordering, compiler_fence, fence,
+            AtomicBool, AtomicI32, AtomicIsize, AtomicPtr, AtomicU8, AtomicUsize, Ordering, compiler_fence, fence,
         };
     }
     pub(crate) use std::thread::yield_now;
@@ -61,7 +61,7 @@ mod imp {
     #[allow(unused_imports)] // the facade offers the full set; each mode uses a subset
     pub(crate) mod atomic {
         pub(crate) use loom::sync::atomic::{
-            AtomicBool, AtomicIsize, AtomicPtr, AtomicU8, AtomicUsize, Ordering, fence,
+            AtomicBool, AtomicI32, AtomicIsize, AtomicPtr, AtomicU8, AtomicUsize, Ordering, fence,
         };
 
         /// Loom has no compiler fence; a SeqCst fence is the conservative model of it.
@@ -203,6 +203,12 @@ mod futex_imp {
             if self.word.load(Ordering::SeqCst) == expected {
                 drop(self.wakeup.wait(sleepers).unwrap());
             }
+        }
+
+        /// The model of a timed wait is [`wait`](Self::wait): no timeout fires, so a
+        /// protocol that needs its waiter woken must wake it itself.
+        pub(crate) fn wait_timeout(&self, expected: u32, _timeout: core::time::Duration) {
+            self.wait(expected);
         }
 
         pub(crate) fn wake_one(&self) {

@@ -115,6 +115,7 @@ use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
+use super::background::{self, Background};
 use super::boot::{BootArena, ChunkSource};
 use super::cache::{CacheStats, Config, ObjectCache};
 use super::cpu_cache::{CpuCaches, RawSlots};
@@ -1368,8 +1369,8 @@ pub fn maintain() {
 /// # Ok::<(), std::io::Error>(())
 /// ```
 pub fn spawn_maintenance_thread() -> std::io::Result<()> {
-    let _control = background::Control::lock();
-    if background::running() {
+    let control = BACKGROUND.control();
+    if control.running() {
         return Ok(());
     }
     // Starting a thread allocates (its name, std's bookkeeping), and a refused
@@ -1382,12 +1383,12 @@ pub fn spawn_maintenance_thread() -> std::io::Result<()> {
     }
     // SAFETY: from `malloc` just above, freed once.
     unsafe { free(probe) };
-    let generation = background::prepare();
+    let generation = control.prepare();
     let builder = std::thread::Builder::new().name("umem-maintain".into()).stack_size(64 << 10);
     let spawned = crate::os::spawn_signal_free(builder, move || {
-        background::started();
+        BACKGROUND.started();
         let mut sleep = TICK_NS;
-        while background::sleep(generation, sleep) {
+        while BACKGROUND.sleep(generation, sleep) {
             sleep = match heap_if_made() {
                 Some(heap) => {
                     let _entered = Entered::enter();
@@ -1398,8 +1399,8 @@ pub fn spawn_maintenance_thread() -> std::io::Result<()> {
         }
     });
     // The handle is dropped (the thread detached): stopping it waits on the kernel
-    // instead of `pthread_join` (see `background`).
-    spawned.map(|_| background::spawned())
+    // instead of `pthread_join` (`umem::background`).
+    spawned.map(|_| control.spawned())
 }
 
 /// Stops the thread [`spawn_maintenance_thread`] started, if one runs in this process,
@@ -1420,132 +1421,11 @@ pub fn spawn_maintenance_thread() -> std::io::Result<()> {
 /// # Ok::<(), std::io::Error>(())
 /// ```
 pub fn stop_maintenance_thread() -> bool {
-    let _control = background::Control::lock();
-    background::stop()
+    BACKGROUND.control().stop()
 }
 
-/// The maintenance thread's life: started and stopped under [`Control`](background::Control)'s lock.
-///
-/// Stopping it bumps the futex word `STOP` that it sleeps on (the thread leaves its
-/// loop when the word no longer holds the generation it started with), then waits
-/// until the kernel no longer knows its thread id. `pthread_join` would not do: glibc
-/// wakes the joiner when the kernel clears the thread's id word, which happens when the
-/// exiting thread lets go of the address space, before it lets go of the shared
-/// filesystem context and before it leaves the thread group, and `unshare` checks
-/// both; a `tgkill(pid, tid, 0)` that fails with `ESRCH` comes only after the thread has
-/// been unlinked from the group, which is after both.
-///
-/// State is per process: `PID` names the process whose thread runs, so a `fork`ed
-/// child (whose copy of the state names its parent) sees none, and a lock held by a
-/// parent thread at the fork is taken over by the child.
-mod background {
-    use core::sync::atomic::{AtomicI32, Ordering};
-
-    use crate::sync::Futex;
-
-    /// The generation the running thread (if any) was started with; bumped to stop it.
-    static STOP: Futex = Futex::new(0);
-    /// The process whose maintenance thread runs (0: none).
-    static PID: AtomicI32 = AtomicI32::new(0);
-    /// The running thread's kernel thread id, published by the thread itself (0 until then).
-    static TID: AtomicI32 = AtomicI32::new(0);
-    /// The lock: 0, or the pid of the process one of whose threads holds it.
-    static LOCK: AtomicI32 = AtomicI32::new(0);
-
-    fn pid() -> i32 {
-        rustix::process::getpid().as_raw_nonzero().get()
-    }
-
-    /// Serialises starting and stopping (a guard; released on drop).
-    pub(super) struct Control(());
-
-    impl Control {
-        pub(super) fn lock() -> Self {
-            let me = pid();
-            loop {
-                // Relaxed: the compare-exchange below orders what the lock guards.
-                let owner = LOCK.load(Ordering::Relaxed);
-                // A holder of another pid is a thread of the parent of this (`fork`ed)
-                // process: it does not exist here, take the lock over.
-                // Acquire: pairs with the Release in `drop`.
-                if owner != me && LOCK.compare_exchange(owner, me, Ordering::Acquire, Ordering::Relaxed).is_ok() {
-                    return Self(());
-                }
-                std::thread::sleep(core::time::Duration::from_micros(50));
-            }
-        }
-    }
-
-    impl Drop for Control {
-        fn drop(&mut self) {
-            // Release: pairs with the Acquire in `lock`.
-            LOCK.store(0, Ordering::Release);
-        }
-    }
-
-    /// Whether this process has a maintenance thread. Under the lock.
-    pub(super) fn running() -> bool {
-        // Relaxed: written only under the lock, which orders it.
-        PID.load(Ordering::Relaxed) == pid()
-    }
-
-    /// Before a spawn, under the lock: the new thread's generation.
-    pub(super) fn prepare() -> u32 {
-        // Relaxed: read by the new thread after the spawn (which synchronises).
-        TID.store(0, Ordering::Relaxed);
-        // Relaxed: written only under the lock.
-        STOP.load(Ordering::Relaxed)
-    }
-
-    /// After a successful spawn, under the lock.
-    pub(super) fn spawned() {
-        // Relaxed: as in `running`.
-        PID.store(pid(), Ordering::Relaxed);
-    }
-
-    /// The thread's first act: publishes its thread id.
-    pub(super) fn started() {
-        // Release: pairs with the Acquire in `stop`, which then waits on this id.
-        TID.store(rustix::thread::gettid().as_raw_nonzero().get(), Ordering::Release);
-    }
-
-    /// Sleeps `ns` nanoseconds or until stopped; returns whether to go on.
-    pub(super) fn sleep(generation: u32, ns: u64) -> bool {
-        STOP.wait_timeout(generation, core::time::Duration::from_nanos(ns));
-        // Relaxed: the word carries only the request to stop, no data.
-        STOP.load(Ordering::Relaxed) == generation
-    }
-
-    /// Stops this process's thread, if any, and waits until the kernel has unlinked it
-    /// (module documentation). Under the lock.
-    pub(super) fn stop() -> bool {
-        if !running() {
-            return false;
-        }
-        // The `tgkill` that ends the wait fails with ESRCH: the caller's errno stays.
-        let _errno = crate::os::KeepErrno::new();
-        // Relaxed: as in `sleep`; the futex wake after it is what the thread waits for.
-        STOP.fetch_add(1, Ordering::Relaxed);
-        STOP.wake_all();
-        let me = pid();
-        let tid = loop {
-            // Acquire: pairs with the Release in `started`.
-            let tid = TID.load(Ordering::Acquire);
-            if tid != 0 {
-                break tid;
-            }
-            // Not yet run: it will see the new generation as soon as it sleeps.
-            std::thread::yield_now();
-        };
-        // SAFETY: `tgkill` with signal 0 sends nothing; it only looks the thread up.
-        while unsafe { libc::syscall(libc::SYS_tgkill, me, tid, 0) } == 0 {
-            std::thread::sleep(core::time::Duration::from_micros(20));
-        }
-        // Relaxed: as in `running`.
-        PID.store(0, Ordering::Relaxed);
-        true
-    }
-}
+/// The maintenance thread's life (`umem::background`: its protocol).
+static BACKGROUND: Background<background::Os> = Background::new(background::Os);
 
 fn mapped(heap: &Heap) -> usize {
     heap.regions.stats().mapped_bytes + heap.large.stats().mapped

@@ -52,6 +52,11 @@
 #[cfg(not(target_pointer_width = "64"))]
 compile_error!("umem packs per-CPU magazine state into 64-bit words");
 
+// Public under loom only, for the model in loom-tests/tests/background.rs.
+#[cfg(scalemem_loom)]
+pub mod background;
+#[cfg(not(scalemem_loom))]
+mod background;
 // Public under loom only, for the model in loom-tests/tests/boot.rs.
 #[cfg(scalemem_loom)]
 pub mod boot;
