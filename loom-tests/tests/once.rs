@@ -16,7 +16,7 @@ use loom::sync::atomic::AtomicUsize;
 use loom::thread;
 use std::sync::atomic::Ordering::Relaxed;
 
-use scalemem::umem::once::OncePtr;
+use scalemem::umem::once::{OncePtr, OnceRef, SpinLock};
 use scalemem_loom_tests::run_model;
 
 /// What a maker makes: contents written before publication.
@@ -82,4 +82,31 @@ fn two_first_uses_make_the_value_once() {
 #[test]
 fn a_refused_first_use_is_not_remembered() {
     run_model("once: a first use whose maker refuses races a successful one and a reader", || race(true));
+}
+
+/// Two values under one shared lock, as the global heap makes its size classes' caches:
+/// one thread makes the first value while another looks at it and then makes the
+/// second. Each value is made once and seen fully made.
+#[test]
+fn two_values_under_one_lock() {
+    run_model("once: two values made under one shared lock", || {
+        let values: &'static [Value; 2] = Box::leak(Box::new([Value(UnsafeCell::new(0)), Value(UnsafeCell::new(0))]));
+        let onces: Arc<([OnceRef<'static, Value>; 2], SpinLock)> =
+            Arc::new(([OnceRef::new(), OnceRef::new()], SpinLock::new()));
+        let makers = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+        let second = {
+            let (onces, makers) = (onces.clone(), makers.clone());
+            thread::spawn(move || {
+                let looked = onces.0[0].get().map(Value::read);
+                (onces.0[1].get_or_make(&onces.1, || make(&values[1], &makers[1], false)).map(Value::read), looked)
+            })
+        };
+        let mine = onces.0[0].get_or_make(&onces.1, || make(&values[0], &makers[0], false)).map(Value::read);
+        assert_eq!(mine, Some(42));
+        let (theirs, looked) = second.join().unwrap();
+        assert_eq!(theirs, Some(42));
+        assert!(matches!(looked, None | Some(42)), "a reader saw a half-made value");
+        assert_eq!(onces.0[0].get_or_make(&onces.1, || unreachable!("made twice")).map(Value::read), Some(42));
+        assert_eq!((makers[0].load(Relaxed), makers[1].load(Relaxed)), (1, 1), "a value was made twice");
+    });
 }

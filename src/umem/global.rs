@@ -120,7 +120,7 @@ use super::boot::{BootArena, ChunkSource};
 use super::cache::{CacheStats, Config, ObjectCache};
 use super::cpu_cache::{CpuCaches, RawSlots};
 use super::large::{self, LargeConfig, LargeHeap};
-use super::once::{OncePtr, SpinLock};
+use super::once::{OncePtr, OnceRef, SpinLock};
 use super::os;
 use super::region::{self, PAGE, Regions, StaticRegistry};
 use super::sizeclass::{
@@ -322,7 +322,7 @@ unsafe fn boot_size(ptr: *const u8) -> usize {
 /// Class `i`'s per-CPU layer (its cache's magazines) once the cache is made, null
 /// before: what the locked-mode hit paths load first (the rseq-mode ones load
 /// [`FAST_SLOTS`]), so that a magazine hit follows one pointer from a static instead of
-/// three (heap, cache handle, cache). Set once, after `Heap::caches[i]`; the global
+/// three (heap, cache handle, cache). Set once, by the maker of `Heap::caches[i]`; the global
 /// caches are never destroyed, so an entry stays valid for the life of the process (in
 /// `fork`ed children too).
 static FAST: [AtomicPtr<CpuCaches>; NCLASSES] = [const { AtomicPtr::new(ptr::null_mut()) }; NCLASSES];
@@ -429,8 +429,8 @@ fn publish_fast_slots(class: ClassIndex, cpu: &'static CpuCaches) {
 struct Heap {
     regions: Regions,
     large: LargeHeap,
-    /// Class `i`'s cache once made (a leaked box), null before.
-    caches: [AtomicPtr<ObjectCache>; NCLASSES],
+    /// Class `i`'s cache once made (a leaked box), made under `create` (`umem::once`).
+    caches: [OnceRef<'static, ObjectCache>; NCLASSES],
     /// Serialises the making of caches (and is held across `fork`).
     create: SpinLock,
     /// Held by the thread doing maintenance (try-lock), and across `fork`.
@@ -538,7 +538,7 @@ fn build_heap() -> Option<*const Heap> {
     let heap = Heap {
         regions,
         large,
-        caches: [const { AtomicPtr::new(ptr::null_mut()) }; NCLASSES],
+        caches: [const { OnceRef::new() }; NCLASSES],
         create: SpinLock::new(),
         maint: SpinLock::new(),
         next_tick: AtomicU64::new(now + TICK_NS),
@@ -589,26 +589,24 @@ impl Heap {
     /// Class `i`'s cache, making it on first use; `None` if the kernel refuses.
     #[inline]
     fn cache(&'static self, class: ClassIndex) -> Option<&'static ObjectCache> {
-        // Acquire: pairs with the Release store in `make_cache`. (`get`: as in `fast`.)
-        let c = self.caches.get(class.get())?.load(Ordering::Acquire);
-        if !c.is_null() {
-            // SAFETY: a leaked box, published once made, never freed.
-            return Some(unsafe { &*c });
-        }
-        self.make_cache(class)
+        // (`get`: as in `fast`.)
+        let once = self.caches.get(class.get())?;
+        once.get().or_else(|| self.make_cache(class, once))
     }
 
+    /// Makes class `class`'s cache under the set-up lock, unless a thread did meanwhile,
+    /// and publishes its per-CPU layer for the hit paths ([`FAST`], [`FAST_SLOTS`])
+    /// before the cache itself.
     #[cold]
     #[inline(never)]
-    fn make_cache(&'static self, class: ClassIndex) -> Option<&'static ObjectCache> {
+    fn make_cache(
+        &'static self,
+        class: ClassIndex,
+        once: &OnceRef<'static, ObjectCache>,
+    ) -> Option<&'static ObjectCache> {
         // (`get`: as in `fast`.)
-        let (Some(slot), Some(fast_slot)) = (self.caches.get(class.get()), FAST.get(class.get())) else {
-            return None;
-        };
-        self.create.lock();
-        // Acquire: as in `cache`.
-        let mut c = slot.load(Ordering::Acquire);
-        if c.is_null() {
+        let fast_slot = FAST.get(class.get())?;
+        once.get_or_make(&self.create, || {
             let size = class_size(class);
             let align = super::sizeclass::class_align(class);
             // The class's first magazines fit in what the others leave of the per-CPU
@@ -634,42 +632,34 @@ impl Heap {
             // The coloured classes (`sizeclass`, "Alignment") get a page of room for
             // 64 colours of a cache line.
             let room = if is_coloured(class) { PAGE - COLOURED_ALIGN } else { 0 };
-            if let Ok(cache) = ObjectCache::builder(NAME, size, align)
+            let cache = ObjectCache::builder(NAME, size, align)
                 .regions(&self.regions)
                 .config(config)
                 .unregistered()
                 .page_tag(tag)
                 .colour_room(room)
                 .build()
-            {
-                // The box comes from the bootstrap arena (the guard is set): never freed.
-                c = Box::into_raw(Box::new(cache));
-                // Release: pairs with the Acquire loads in `cache`.
-                slot.store(c, Ordering::Release);
-                // SAFETY: just leaked, never freed.
-                let cpu = unsafe { &*c }.cpu_caches();
-                // Release: pairs with the Acquire load in `fast`.
-                fast_slot.store(ptr::from_ref(cpu).cast_mut(), Ordering::Release);
-                publish_fast_slots(class, cpu);
-                // A new class counts as busy: not a donor of room before it has had a
-                // chance to be used. Relaxed: maintenance state (see `Heap`).
-                if let Some(active) = self.active_ns.get(class.get()) {
-                    active.store(large::now_ns(), Ordering::Relaxed);
-                }
+                .ok()?;
+            // The box comes from the bootstrap arena (the guard is set): never freed.
+            let cache: &'static ObjectCache = Box::leak(Box::new(cache));
+            let cpu = cache.cpu_caches();
+            // Release: pairs with the Acquire load in `fast`.
+            fast_slot.store(ptr::from_ref(cpu).cast_mut(), Ordering::Release);
+            publish_fast_slots(class, cpu);
+            // A new class counts as busy: not a donor of room before it has had a
+            // chance to be used. Relaxed: maintenance state (see `Heap`).
+            if let Some(active) = self.active_ns.get(class.get()) {
+                active.store(large::now_ns(), Ordering::Relaxed);
             }
-        }
-        self.create.unlock();
-        // SAFETY: as in `cache`.
-        (!c.is_null()).then(|| unsafe { &*c })
+            Some(cache)
+        })
     }
 
     /// Class `i`'s cache if it has been made (no set-up).
     #[inline]
-    fn made_cache(&self, class: ClassIndex) -> Option<&ObjectCache> {
-        // Acquire: as in `cache`. (`get`: as in `fast`.)
-        let c = self.caches.get(class.get())?.load(Ordering::Acquire);
-        // SAFETY: as in `cache`.
-        (!c.is_null()).then(|| unsafe { &*c })
+    fn made_cache(&self, class: ClassIndex) -> Option<&'static ObjectCache> {
+        // (`get`: as in `fast`.)
+        self.caches.get(class.get())?.get()
     }
 
     /// Every cache made so far.
@@ -678,13 +668,8 @@ impl Heap {
     }
 
     /// Every cache made so far, with its class index.
-    fn made_classes(&self) -> impl Iterator<Item = (usize, &ObjectCache)> {
-        self.caches.iter().enumerate().filter_map(|(i, c)| {
-            // Acquire: as in `cache`.
-            let c = c.load(Ordering::Acquire);
-            // SAFETY: as in `cache`.
-            (!c.is_null()).then(|| (i, unsafe { &*c }))
-        })
+    fn made_classes(&self) -> impl Iterator<Item = (usize, &'static ObjectCache)> {
+        self.caches.iter().enumerate().filter_map(|(i, c)| c.get().map(|c| (i, c)))
     }
 
     /// A block for `size` bytes aligned to `align` (a power of two).

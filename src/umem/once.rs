@@ -1,11 +1,11 @@
-//! How the global heap is made once and published to every thread, and the spin lock it
-//! uses for that and for its other set-up paths.
+//! How the global heap and each of its size classes' caches are made once and published
+//! to every thread, and the spin lock it uses for that and for its other set-up paths.
 //!
 //! The heap cannot use `std::sync::OnceLock`: making it may allocate (through the
 //! bootstrap arena), `fork` handlers must hold the lock across the fork without a scope,
 //! and a refusal by the kernel must not be remembered.
 //!
-//! # Protocol ([`OncePtr`])
+//! # Protocol ([`OnceRef`] under a lock the caller supplies, [`OncePtr`] with its own)
 //!
 //! 1. A reader loads the pointer with Acquire; non-null means published, and the value
 //!    it names was fully made before it was published (step 3).
@@ -20,11 +20,12 @@
 //!
 //! - The pointer is null until the one successful maker publishes it, and never changes
 //!   after; makers run one at a time, and none runs once it is published.
-//! - The value lives for the `OncePtr`'s lifetime `'a` (the maker returns a `&'a T`).
+//! - The value lives for the `OnceRef`'s lifetime `'a` (the maker returns a `&'a T`).
+//! - All the makers of one value take the same lock (several values may share it).
 //!
-//! The loom model `loom-tests/tests/once.rs` runs two racing first uses (one of whose
+//! The loom models `loom-tests/tests/once.rs` run two racing first uses (one of whose
 //! makers may refuse) against a reader, with the value's contents in a cell loom checks
-//! for unsynchronised access.
+//! for unsynchronised access, and two values made under one shared lock.
 
 use core::marker::PhantomData;
 
@@ -76,26 +77,27 @@ impl Default for SpinLock {
     }
 }
 
-/// A value made once, on first use, and published to every thread (module
-/// documentation).
-pub struct OncePtr<'a, T> {
+/// A value made once, on first use, and published to every thread, under a lock the
+/// caller supplies (module documentation: the protocol). Several of them may share one
+/// lock: the global heap makes all its size classes' caches under its one set-up lock,
+/// which its `fork` handlers hold across the fork.
+pub struct OnceRef<'a, T> {
     ptr: AtomicPtr<T>,
-    lock: SpinLock,
     /// Hands out `&'a T` (so `Sync` needs `T: Sync`).
     _value: PhantomData<&'a T>,
 }
 
-impl<'a, T> OncePtr<'a, T> {
+impl<'a, T> OnceRef<'a, T> {
     /// Nothing made yet.
     #[cfg(not(scalemem_loom))]
     pub const fn new() -> Self {
-        Self { ptr: AtomicPtr::new(core::ptr::null_mut()), lock: SpinLock::new(), _value: PhantomData }
+        Self { ptr: AtomicPtr::new(core::ptr::null_mut()), _value: PhantomData }
     }
 
     /// Nothing made yet.
     #[cfg(scalemem_loom)]
     pub fn new() -> Self {
-        Self { ptr: AtomicPtr::new(core::ptr::null_mut()), lock: SpinLock::new(), _value: PhantomData }
+        Self { ptr: AtomicPtr::new(core::ptr::null_mut()), _value: PhantomData }
     }
 
     /// The value, if made (step 1).
@@ -107,13 +109,14 @@ impl<'a, T> OncePtr<'a, T> {
         unsafe { p.cast_const().as_ref() }
     }
 
-    /// The value, made by `make` under the lock if no one has made it yet (steps 2-4);
+    /// The value, made by `make` under `lock` if no one has made it yet (steps 2-4);
     /// `None` if `make` refuses (nothing is remembered: the next call tries again).
-    pub fn get_or_make(&self, make: impl FnOnce() -> Option<&'a T>) -> Option<&'a T> {
+    /// Every call for this value must pass the same lock.
+    pub fn get_or_make(&self, lock: &SpinLock, make: impl FnOnce() -> Option<&'a T>) -> Option<&'a T> {
         if let Some(value) = self.get() {
             return Some(value);
         }
-        self.lock.lock();
+        lock.lock();
         // Under the lock, which orders a previous maker's publication before us.
         let value = self.get().or_else(|| {
             let made = make()?;
@@ -121,8 +124,46 @@ impl<'a, T> OncePtr<'a, T> {
             self.ptr.store(core::ptr::from_ref(made).cast_mut(), Ordering::Release);
             Some(made)
         });
-        self.lock.unlock();
+        lock.unlock();
         value
+    }
+}
+
+impl<T> Default for OnceRef<'_, T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A [`OnceRef`] with a lock of its own.
+pub struct OncePtr<'a, T> {
+    once: OnceRef<'a, T>,
+    lock: SpinLock,
+}
+
+impl<'a, T> OncePtr<'a, T> {
+    /// Nothing made yet.
+    #[cfg(not(scalemem_loom))]
+    pub const fn new() -> Self {
+        Self { once: OnceRef::new(), lock: SpinLock::new() }
+    }
+
+    /// Nothing made yet.
+    #[cfg(scalemem_loom)]
+    pub fn new() -> Self {
+        Self { once: OnceRef::new(), lock: SpinLock::new() }
+    }
+
+    /// The value, if made (step 1).
+    #[inline]
+    pub fn get(&self) -> Option<&'a T> {
+        self.once.get()
+    }
+
+    /// The value, made by `make` under the lock if no one has made it yet (steps 2-4);
+    /// `None` if `make` refuses (nothing is remembered: the next call tries again).
+    pub fn get_or_make(&self, make: impl FnOnce() -> Option<&'a T>) -> Option<&'a T> {
+        self.once.get_or_make(&self.lock, make)
     }
 
     /// Takes the lock without making anything (a `fork` prepare handler: no maker is
