@@ -232,6 +232,10 @@ fn single_threads_bursts() {
     cache.update();
     let stats = cache.stats();
     assert_eq!((stats.magazine_size, stats.depot_contention), (31, 0), "{stats:?}");
+    // The counters that say why (jemalloc's per-bin fills and flushes): the trades, and
+    // the one resize they caused.
+    assert!(stats.depot_exchanges > 6_400, "{stats:?}");
+    assert_eq!((stats.resizes, stats.idle_drains), (1, 0), "{stats:?}");
     // At 31 rounds a burst trades about 4 magazines: 2,500 bursts are past the threshold.
     bursts(&cache, 2_500, 100);
     cache.update();
@@ -297,8 +301,9 @@ fn cpu_that_sat_idle() {
         if drain {
             assert_eq!(after.cpu_rounds, 0, "{after:?}");
             assert_eq!(after.depot_full, 2, "the two full magazines go to the depot: {after:?}");
+            assert_eq!(after.idle_drains, 1, "{after:?}");
         } else {
-            assert_eq!((after.cpu_rounds, after.depot_full), (62, 0), "{after:?}");
+            assert_eq!((after.cpu_rounds, after.depot_full, after.idle_drains), (62, 0, 0), "{after:?}");
         }
         cache.assert_valid();
         cache.reap();

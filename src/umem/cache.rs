@@ -387,6 +387,14 @@ pub struct CacheStats {
     pub magazine_size: usize,
     /// Failed depot CAS attempts since creation.
     pub depot_contention: usize,
+    /// Magazines the CPUs installed from the depot since creation (a full one taken for
+    /// an empty one, or an empty one for a full one): jemalloc's fills and flushes.
+    pub depot_exchanges: usize,
+    /// Magazine resizes since creation (each a reconfiguration of every CPU).
+    pub resizes: usize,
+    /// CPUs whose magazines were given back because they sat idle, since creation
+    /// ([`CpuCaches::drain_idle`]).
+    pub idle_drains: usize,
     /// Constructor calls so far.
     pub ctor_calls: usize,
     /// Destructor calls so far.
@@ -1701,6 +1709,9 @@ impl Inner {
             depot_empty: cpu.depot_empty,
             magazine_size: cpu.magazine_size,
             depot_contention: cpu.contention,
+            depot_exchanges: cpu.exchanges,
+            resizes: cpu.resizes,
+            idle_drains: cpu.idle_drains,
             ctor_calls,
             dtor_calls,
             slabs,
