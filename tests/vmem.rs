@@ -96,6 +96,42 @@ fn a_split_segment_frees_in_parts_and_coalesces_back() {
     arena.assert_valid();
 }
 
+/// A join undoes a split: two live segments next to each other in one span become one
+/// (the back's record gone, the counts unmoved); segments of two spans that touch, a
+/// wrong size or an address that is not a segment are refused with nothing changed.
+#[test]
+fn a_join_makes_two_neighbours_one_segment_within_a_span() {
+    let arena = Vmem::new("join", 0x1000, 0x1000, 0x10, None, 0).unwrap();
+    arena.add(0x2000, 0x1000).unwrap(); // a second span that touches the first
+    let a = arena.xalloc(0x100, &Constraints { min_addr: 0x1000, max_addr: 0x1100, ..Constraints::default() }).unwrap();
+    arena.split(a, 0x100, 0x40).unwrap();
+    assert_eq!(arena.join(a, 0x40, 0x80), Err(VmemError::WrongSize));
+    assert_eq!(arena.join(a + 0x10, 0x30, 0xc0), Err(VmemError::NotAllocated));
+    assert_eq!(arena.stats().allocated_segments, 2, "a refused join changes nothing");
+    arena.join(a, 0x40, 0xc0).unwrap();
+    let s = arena.stats();
+    assert_eq!((s.in_use, s.allocated_segments), (0x100, 1), "a join moves no unit");
+    assert_eq!(arena.free(a + 0x40, 0xc0), Err(VmemError::NotAllocated), "the back is gone");
+    arena.assert_valid();
+    // The last 0x10 of the first span and the first 0x10 of the second: adjacent
+    // addresses, two spans.
+    let end = Constraints { min_addr: 0x1ff0, max_addr: 0x2000, ..Constraints::default() };
+    let start = Constraints { min_addr: 0x2000, max_addr: 0x2010, ..Constraints::default() };
+    let (x, y) = (arena.xalloc(0x10, &end).unwrap(), arena.xalloc(0x10, &start).unwrap());
+    assert_eq!((x, y), (0x1ff0, 0x2000));
+    assert_eq!(arena.join(x, 0x10, 0x10), Err(VmemError::NotAdjacent));
+    // A free segment between two live ones is not a neighbour either.
+    let b = arena.xalloc(0x20, &Constraints { min_addr: 0x1800, max_addr: 0x1820, ..Constraints::default() }).unwrap();
+    let c = arena.xalloc(0x20, &Constraints { min_addr: 0x1840, max_addr: 0x1860, ..Constraints::default() }).unwrap();
+    assert_eq!(arena.join(b, 0x20, 0x20), Err(VmemError::NotAllocated));
+    for (p, n) in [(a, 0x100), (x, 0x10), (y, 0x10), (b, 0x20), (c, 0x20)] {
+        arena.free(p, n).unwrap();
+    }
+    let s = arena.stats();
+    assert_eq!((s.in_use, s.allocated_segments), (0, 0));
+    arena.assert_valid();
+}
+
 #[test]
 fn sizes_round_up_to_the_quantum() {
     let arena = Vmem::new("round", 0, 0x1000, 8, None, 0).unwrap();
@@ -566,6 +602,30 @@ fn model_run(seed: u64, ops: usize, with_source: bool) {
                 let (&a, &size) = live.iter().nth(nth).unwrap();
                 live.remove(&a);
                 if rng.below(2) == 0 { arena.free(a, size) } else { arena.xfree(a, size) }.unwrap();
+            }
+            _ if rng.below(3) == 0 && live.iter().any(|(&a, &n)| live.contains_key(&(a + n))) => {
+                // A join of two live segments next to each other: one segment after it,
+                // unless they lie in two spans (possible only with a source: the fixed
+                // spans here are far apart).
+                let pairs: Vec<_> =
+                    live.iter().filter(|&(&a, &n)| live.contains_key(&(a + n))).map(|(&a, &n)| (a, n)).collect();
+                let (a, size) = pairs[rng.below(pairs.len())];
+                let next = live[&(a + size)];
+                match arena.join(a, size, next) {
+                    Ok(()) => {
+                        live.remove(&(a + size));
+                        live.insert(a, size + next);
+                        assert_eq!(
+                            arena.free(a + size, next),
+                            Err(VmemError::NotAllocated),
+                            "op {op}: the back is gone"
+                        );
+                    }
+                    Err(VmemError::NotAdjacent) => {
+                        assert!(with_source, "op {op}: {a:#x}+{size:#x} and the next are in one span")
+                    }
+                    Err(e) => panic!("op {op}: join: unexpected {e:?}"),
+                }
             }
             _ if rng.below(2) == 0 && live.values().any(|&n| n >= 2 * Q) => {
                 // A split of a live segment at a random quantum inside it: both parts are

@@ -13,6 +13,9 @@
 //!   input gets the error of the module's table: `ZeroSize`, `Overflow`,
 //!   `BadConstraints`, `Overlap`, `NotAllocated`/`WrongSize` for frees of ranges not
 //!   held (double frees included), with the arena unchanged;
+//! - a split of a held range is refused off the quantum or outside `(0, size)`; a join
+//!   of two held neighbours is done within one span and refused (`NotAdjacent`) across
+//!   two that touch; neither moves a unit;
 //! - the counts: `total` is the sum of the spans, `in_use - qcached` the model's held
 //!   units (plus what the child imported, for the parent), `free = total - in_use`;
 //! - at the end, with everything freed and the quantum caches reaped, the child has
@@ -152,6 +155,9 @@ enum Op {
     /// Splits a held range of the parent at `at` quanta (any value: 0, the size and
     /// beyond must be refused), or at `at` units off the quantum when `off` is set.
     Split { slot: u8, at: u16, off: bool },
+    /// Joins a held range of the parent with the held range right after it, if there is
+    /// one: done within one span, refused across two that touch.
+    Join { slot: u8 },
 }
 
 /// The model of one arena: the ranges the caller holds, `base -> (rounded size, size asked)`.
@@ -482,6 +488,23 @@ fuzz_target!(|input: Input| {
                     assert_eq!(result, Ok(()), "split({b:#x}, {asked:#x}, {head:#x})");
                     m.held.0.insert(b, (head, head));
                     m.held.0.insert(b + head, (r - head, r - head));
+                }
+            }
+            Op::Join { slot } => {
+                let Some((b, r, asked)) = m.held.nth(slot) else { continue };
+                let Some(&(nr, nasked)) = m.held.0.get(&(b + r)) else { continue };
+                let one_span = m.spans.iter().any(|&(base, end)| base <= b && b + r + nr <= end);
+                let before = parent.stats();
+                let result = parent.join(b, asked, nasked);
+                let after = parent.stats();
+                assert_eq!((before.in_use, before.free), (after.in_use, after.free), "a join moves no unit");
+                if one_span {
+                    assert_eq!(result, Ok(()), "join({b:#x}, {asked:#x}, {nasked:#x})");
+                    m.held.0.remove(&(b + r));
+                    m.held.0.insert(b, (r + nr, r + nr));
+                } else {
+                    assert_eq!(result, Err(VmemError::NotAdjacent), "join({b:#x}, {asked:#x}, {nasked:#x})");
+                    assert_eq!(before.allocated_segments, after.allocated_segments, "a refused join");
                 }
             }
             Op::ChildFree { slot, x } => {

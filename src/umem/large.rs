@@ -28,8 +28,10 @@
 //!   Each block is one or more allocated vmem segments ("pieces", more than one only after
 //!   [`LargeHeap::grow_in_place`] took the free segment, or absorbed (the front of) the
 //!   cached block, right after a block, after cached neighbours were merged, or after a
-//!   request extended a cached block; a cut inside a piece splits its segment, so pieces
-//!   never straddle two blocks). Alignment comes
+//!   request extended a cached block; a merge or an extension within one span joins the
+//!   two segments instead ([`Vmem::join`]), so pieces stay about one per span a block
+//!   crosses; a cut inside a piece splits its segment, so pieces never straddle two
+//!   blocks). Alignment comes
 //!   from `xalloc`'s `align`; the arena imports a span with `align - page` bytes of slack
 //!   for a stricter alignment (address space only: untouched pages cost no memory).
 //! - **The block tables**: vmem's hash knows each segment's size but does not expose it,
@@ -560,11 +562,7 @@ impl Inner {
     fn cut(&mut self, vmem: &Vmem<'_>, c: &Cached, n: usize) -> Option<(usize, Cached)> {
         let end = c.base + n;
         // The piece holding the front's last page: [at, at + size).
-        let (mut at, mut size) = (c.base, c.head);
-        while at + size < end {
-            at += size;
-            size = self.pieces.get(at)?;
-        }
+        let (at, size) = self.last_piece(c.base, n, c.head)?;
         let back_head = if at + size == end {
             // On a piece boundary: the next piece's record becomes the back's head.
             self.pieces.remove(end)?
@@ -582,14 +580,29 @@ impl Inner {
         Some((front_head, Cached { base: end, reserved: c.reserved - n, head: back_head, ..*c }))
     }
 
-    /// Merges every run of adjacent dirty cached blocks into one block (the later
-    /// blocks' heads become pieces of the first; the merged block takes the newest age),
+    /// The last piece of the block `[base, base + reserved)` whose first piece is
+    /// `head` bytes: its start and size (a walk of the piece table); `None` if a record
+    /// is missing.
+    fn last_piece(&self, base: usize, reserved: usize, head: usize) -> Option<(usize, usize)> {
+        let (mut at, mut size) = (base, head);
+        while at + size < base + reserved {
+            at += size;
+            size = self.pieces.get(at)?;
+        }
+        Some((at, size))
+    }
+
+    /// Merges every run of adjacent dirty cached blocks into one block (each later
+    /// block's head is joined in the arena ([`Vmem::join`]) to the last piece before it
+    /// when the two lie in one span, and becomes a piece of its own otherwise, so that a
+    /// block merged and cut over and over keeps about one piece per span it crosses
+    /// for each cut to walk; the merged block takes the newest age),
     /// so that freed neighbours can serve a request larger than each of them. Run when a
     /// request found no cached block: merging at every free would join the blocks of a
     /// program that cycles through a few sizes, and its next round would cut them up
     /// differently, miss and map anew. Sorts the cache by address (in place: the cache's
     /// order means nothing). A run stops where a piece record cannot be had.
-    fn merge_neighbours(&mut self) {
+    fn merge_neighbours(&mut self, vmem: &Vmem<'_>) {
         self.cache_mut().sort_unstable_by_key(|c| c.base);
         let mut kept = 0usize;
         for r in 0..self.ncached {
@@ -602,8 +615,24 @@ impl Inner {
                 && prev.base + prev.reserved == cur.base
                 && self.pieces.reserve(1).is_ok()
             {
-                self.pieces.insert(cur.base, cur.head);
+                // The next block's head joined to the last piece in the arena needs no
+                // record; else it becomes a piece.
+                let joined = self
+                    .last_piece(prev.base, prev.reserved, prev.head)
+                    .filter(|&(at, size)| vmem.join(at, size, cur.head).is_ok());
+                match joined {
+                    Some((at, _)) if at != prev.base => {
+                        if let Some(piece) = self.pieces.get_mut(at) {
+                            *piece += cur.head;
+                        }
+                    }
+                    Some(_) => {}
+                    None => self.pieces.insert(cur.base, cur.head),
+                }
                 if let Some(merged) = self.cache_mut().get_mut(kept - 1) {
+                    if joined.is_some_and(|(at, _)| at == prev.base) {
+                        merged.head += cur.head;
+                    }
                     merged.reserved += cur.reserved;
                     merged.since = merged.since.max(cur.since);
                     merged.seq = merged.seq.max(cur.seq);
@@ -630,7 +659,7 @@ impl Inner {
             Some(found) => found,
             // Nothing to merge unless a block was freed since the last merge.
             None if self.ncached > 1 && self.freed_since_merge => {
-                self.merge_neighbours();
+                self.merge_neighbours(vmem);
                 self.best_cached(n, align)?
             }
             None => return None,
@@ -688,9 +717,25 @@ impl Inner {
             }
             no_huge_pages_on_partial_chunks(at, d, self.chunk);
             let c = self.take_cached(i)?;
-            self.pieces.insert(at, d);
+            // Joined to the block's last piece in the arena (unless the extension lies
+            // in the next span), else a piece of its own.
+            let joined =
+                self.last_piece(c.base, c.reserved, c.head).filter(|&(last, size)| vmem.join(last, size, d).is_ok());
+            let head = match joined {
+                Some((last, _)) if last == c.base => n,
+                Some((last, _)) => {
+                    if let Some(piece) = self.pieces.get_mut(last) {
+                        *piece += d;
+                    }
+                    c.head
+                }
+                None => {
+                    self.pieces.insert(at, d);
+                    c.head
+                }
+            };
             self.extended += 1;
-            return Some((c.base, Live { reserved: n, usable: n, head: c.head }));
+            return Some((c.base, Live { reserved: n, usable: n, head }));
         }
         None
     }

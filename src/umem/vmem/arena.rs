@@ -497,6 +497,30 @@ impl Arena {
         Ok(())
     }
 
+    /// Joins the allocated segments `[addr, addr + size)` and `[at, at + next)`
+    /// (`at = addr + size`), which must lie next to each other in one span, into one
+    /// allocated segment; the back's record goes back to the pool. Needs nothing new, so
+    /// it cannot fail for want of memory; on error nothing changed. The counts do not
+    /// move.
+    pub(super) fn join(&mut self, addr: usize, size: usize, at: usize, next: usize) -> Result<(), VmemError> {
+        let front = self.hash.find(addr).ok_or(VmemError::NotAllocated)?;
+        let back = self.hash.find(at).ok_or(VmemError::NotAllocated)?;
+        if front.size() != size || back.size() != next {
+            return Err(VmemError::WrongSize);
+        }
+        // Next in the segment list: no span marker between them (segments never cross
+        // a span's end, so an allocated segment right after another in the list is in
+        // the same span).
+        if front.next() != back {
+            return Err(VmemError::NotAdjacent);
+        }
+        self.hash.remove(back);
+        Self::unlink(back);
+        self.pool.put(back);
+        front.set_size(size + next);
+        Ok(())
+    }
+
     /// Whether `[addr, addr + size)` is an allocated segment (a cheap hash lookup).
     pub(super) fn is_allocated(&self, addr: usize, size: usize) -> Result<(), VmemError> {
         match self.hash.find(addr) {

@@ -268,6 +268,8 @@ pub enum VmemError {
     Overlap,
     /// The source returned a span the arena cannot use (misaligned or overflowing).
     BadSource,
+    /// [`Vmem::join`] of two segments that are not next to each other in one span.
+    NotAdjacent,
 }
 
 impl fmt::Display for VmemError {
@@ -283,6 +285,7 @@ impl fmt::Display for VmemError {
             Self::WrongSize => "vmem: free with a size other than the allocated one",
             Self::Overlap => "vmem: span overlaps an existing span",
             Self::BadSource => "vmem: the source returned an unusable span",
+            Self::NotAdjacent => "vmem: the segments are not next to each other in one span",
         })
     }
 }
@@ -950,6 +953,35 @@ impl<'s> Vmem<'s> {
             return Err(VmemError::BadConstraints);
         }
         self.arena.with(|arena| arena.split(addr, size, head))
+    }
+
+    /// Joins the allocated segment `[addr, addr + size)` and the allocated segment right
+    /// after it, `[addr + size, addr + size + next)` (sizes rounded up to the quantum, as
+    /// for [`free`](Self::free)), into one allocated segment: [`split`](Self::split)
+    /// undone, so that a caller that keeps adjacent ranges together (the large heap
+    /// merging freed neighbours) need not keep a record per range. Both must be segments
+    /// the caller holds ([`VmemError::NotAllocated`], [`VmemError::WrongSize`]) in the
+    /// same span ([`VmemError::NotAdjacent`]: two spans the source returned may lie
+    /// next to each other in the address space, and each is given back on its own). On
+    /// error nothing changed; the units stay allocated either way.
+    ///
+    /// ```
+    /// use scalemem::umem::vmem::{Constraints, Vmem, VmemError};
+    ///
+    /// let arena = Vmem::new("join", 0x1000, 0x10000, 0x1000, None, 0)?;
+    /// let a = arena.xalloc(0x4000, &Constraints::default())?;
+    /// arena.split(a, 0x4000, 0x1000)?;
+    /// arena.join(a, 0x1000, 0x3000)?; // whole again
+    /// assert_eq!(arena.free(a + 0x1000, 0x3000), Err(VmemError::NotAllocated));
+    /// arena.free(a, 0x4000)?;
+    /// arena.assert_valid();
+    /// # Ok::<(), VmemError>(())
+    /// ```
+    pub fn join(&self, addr: usize, size: usize, next: usize) -> Result<(), VmemError> {
+        let size = self.round(size)?;
+        let next = self.round(next)?;
+        let at = addr.checked_add(size).ok_or(VmemError::Overflow)?;
+        self.arena.with(|arena| arena.join(addr, size, at, next))
     }
 
     /// Returns every range held in the quantum caches to the arena (which coalesces them
