@@ -168,6 +168,7 @@ fn freed_neighbours_merge_for_a_larger_request() {
     assert!(faults <= 4, "{faults} faults: the merged pages were not the resident ones");
     let s = heap.stats();
     assert_eq!((s.maps, s.merges, s.dirty, s.in_use), (maps, 3, 0, 2 << 20));
+    assert_eq!(s.pieces, 0, "the four, in one span, are one arena segment: {s:?}");
     heap.assert_valid();
     heap.free(big).unwrap();
     heap.purge();
@@ -191,6 +192,7 @@ fn a_miss_extends_a_dirty_block_into_the_free_space_after_it() {
     assert_eq!(grown, small, "the dirty block, extended in place");
     let s = heap.stats();
     assert_eq!((s.maps, s.extended, s.reused, s.dirty, s.in_use), (maps, 1, 0, 0, 3 << 19), "{s:?}");
+    assert_eq!(s.pieces, 0, "the extension is joined to the block in the arena: {s:?}");
     // Faults only for the fresh half MiB (128 pages), none for the resident MiB.
     let before = minor_faults();
     fill(grown, 3 << 19, 4);
@@ -460,6 +462,7 @@ fn grow_and_shrink_in_place_keep_contents() {
     assert!(heap.grow_in_place(a, 256 << 10, 768 << 10));
     check(a, 256 << 10, 1);
     fill(a, 768 << 10, 2);
+    assert_eq!(heap.stats().pieces, 0, "the grown part is joined to the block in the arena");
     heap.assert_valid();
 
     // Blocked by a live neighbour, then into that neighbour once it is cached.
@@ -485,6 +488,7 @@ fn grow_and_shrink_in_place_keep_contents() {
     heap.assert_valid();
     assert!(heap.grow_in_place(a, 1 << 20, (1 << 20) + (256 << 10)));
     assert_eq!(heap.stats().dirty, 0, "the rest of the neighbour was absorbed");
+    assert_eq!(heap.stats().pieces, 0, "and joined, as the front was");
     assert_eq!(heap.stats().in_use, (768 << 10) + (512 << 10) + (256 << 10));
     check(a, 768 << 10, 2);
     heap.assert_valid();

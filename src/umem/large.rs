@@ -277,6 +277,9 @@ pub struct LargeStats {
     /// Requests no cached block served that took a dirty cached block extended into
     /// the free arena space after it (not counted in `reused`), cumulative.
     pub extended: usize,
+    /// Pieces of blocks (live or cached) past their first, now: one per span a block
+    /// crosses past the first, or more where a record could not be joined.
+    pub pieces: usize,
     /// Blocks madvised by decay, cumulative.
     pub purged: usize,
     /// Blocks released to the arena (by decay, eviction or a failed allocation), cumulative.
@@ -590,6 +593,32 @@ impl Inner {
             size = self.pieces.get(at)?;
         }
         Some((at, size))
+    }
+
+    /// Joins each piece of the block `[base, base + reserved)` (first piece `head`
+    /// bytes) to the piece before it in the arena where the two lie in one span
+    /// ([`Vmem::join`]), dropping its record; returns the first piece's new size. Stops
+    /// at a missing record (nothing is then lost: the pieces not joined keep theirs).
+    fn join_pieces(&mut self, vmem: &Vmem<'_>, base: usize, reserved: usize, head: usize) -> usize {
+        let end = base + reserved;
+        let (mut at, mut size, mut first) = (base, head, head);
+        while at + size < end {
+            let next = at + size;
+            let Some(next_size) = self.pieces.get(next) else { break };
+            if vmem.join(at, size, next_size).is_ok() {
+                self.pieces.remove(next);
+                size += next_size;
+                if at == base {
+                    first = size;
+                } else if let Some(piece) = self.pieces.get_mut(at) {
+                    *piece = size;
+                }
+            } else {
+                at = next;
+                size = next_size;
+            }
+        }
+        first
     }
 
     /// Merges every run of adjacent dirty cached blocks into one block (each later
@@ -1207,9 +1236,12 @@ impl LargeHeap {
                 }
             }
             inner.in_use += reserved - live.reserved;
+            // The grown block's new pieces joined to the ones before them within a span.
+            let head = inner.join_pieces(vmem, base, reserved, live.head);
             if let Some(l) = inner.live.get_mut(base) {
                 l.reserved = reserved;
                 l.usable = n;
+                l.head = head;
             }
             true
         })
@@ -1390,6 +1422,7 @@ impl LargeHeap {
                 cuts: inner.cuts,
                 merges: inner.merges,
                 extended: inner.extended,
+                pieces: inner.pieces.len,
                 purged: inner.purged,
                 released: inner.released,
             }
