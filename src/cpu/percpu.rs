@@ -67,7 +67,9 @@ impl<T> PerCpu<T> {
     /// ```
     pub fn with_cpus(cpus: usize, mut init: impl FnMut(usize) -> T) -> Result<Self, AllocError> {
         let len = cpus.max(1);
-        assert!(align_of::<T>() <= os::page_size(), "PerCpu slot alignment above a page");
+        // At compile time, so that no allocator path (which makes per-CPU slots when a
+        // cache is made) holds a panic: 4 KiB, the least page size Linux has.
+        const { assert!(align_of::<T>() <= 4096, "PerCpu slot alignment above a page") };
         // No overflow: size_of::<T>() <= isize::MAX and the alignment is at most a page.
         let stride = Self::STRIDE;
         let bytes = stride.checked_mul(len).ok_or(AllocError)?;

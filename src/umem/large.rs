@@ -719,21 +719,18 @@ impl Inner {
     /// can be extended (or a piece record cannot be had), with nothing changed.
     fn extend_for(&mut self, vmem: &Vmem<'_>, n: usize, align: usize) -> Option<(usize, Live)> {
         self.pieces.reserve(1).ok()?;
-        // The largest candidates, largest first: (index, reserved).
+        // The largest candidates, largest first: (index, reserved); (0, 0) is no entry.
         let mut best = [(0usize, 0usize); EXTEND_TRIES];
         for (i, c) in self.cache().iter().enumerate() {
             if c.madvised || c.reserved >= n || c.base & (align - 1) != 0 {
                 continue;
             }
-            // Insert into the sorted list if larger than its last entry.
-            let mut at = EXTEND_TRIES;
-            while at > 0 && best.get(at - 1).is_some_and(|&(_, r)| r < c.reserved) {
-                at -= 1;
-            }
-            if at < EXTEND_TRIES {
-                best.copy_within(at..EXTEND_TRIES - 1, at + 1);
-                if let Some(slot) = best.get_mut(at) {
-                    *slot = (i, c.reserved);
+            // An insertion that carries each displaced entry one place down (no
+            // indexing: no allocator path may hold a panic); the smallest falls off.
+            let mut carried = (i, c.reserved);
+            for slot in &mut best {
+                if carried.1 > slot.1 {
+                    core::mem::swap(slot, &mut carried);
                 }
             }
         }
