@@ -209,6 +209,41 @@ fn random_model_several_caches() {
     }
 }
 
+/// A large cache keeps one external header per slab, in pages of headers. A shrink
+/// gives back the pages whose headers are all spare (a page-sized object's slab is one
+/// object, so 65,536 4 KiB objects once kept 10 MiB of header pages for good), and
+/// keeps a page that still holds a header in use.
+#[test]
+fn shrink_gives_back_idle_header_pages() {
+    let regions = manual(0);
+    let cache = SlabCache::builder(&regions, "pages", 4096, 4096).max_empty(0).build().unwrap();
+    assert_eq!((cache.stats().small, cache.stats().capacity), (false, 1));
+    let objects: Vec<_> = (0..200).map(|_| cache.alloc().unwrap()).collect();
+    let per_page = cache.stats().header_pages;
+    assert!(per_page >= 200 / 25, "{:?}", cache.stats());
+    cache.assert_valid();
+    // Free all but the first: every header but one is spare.
+    for &p in &objects[1..] {
+        // SAFETY: from this cache, freed once.
+        unsafe { cache.free(p) }.unwrap();
+    }
+    assert_eq!(cache.stats().header_pages, per_page, "spare headers stay until a shrink");
+    cache.assert_valid();
+    cache.shrink();
+    assert_eq!(cache.stats().header_pages, 1, "the page of the header in use stays");
+    cache.assert_valid();
+    // Spare headers of the kept page serve new slabs; more map pages again.
+    let again: Vec<_> = (0..60).map(|_| cache.alloc().unwrap()).collect();
+    cache.assert_valid();
+    for p in again.into_iter().chain([objects[0]]) {
+        // SAFETY: from this cache, freed once.
+        unsafe { cache.free(p) }.unwrap();
+    }
+    cache.shrink();
+    assert_eq!(cache.stats().header_pages, 0);
+    cache.assert_valid();
+}
+
 #[test]
 fn lookup_base_interior_and_foreign() {
     let regions = manual(0);

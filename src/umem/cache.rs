@@ -403,6 +403,10 @@ pub struct CacheStats {
     pub slabs: usize,
     /// Bytes of those slabs.
     pub slab_bytes: usize,
+    /// Bytes mapped for the slabs' external headers (objects above an eighth of a page,
+    /// whose slabs keep their header apart: one per slab); pages whose headers are all
+    /// spare go back when the cache shrinks (a reap, or the decay of an idle cache).
+    pub header_bytes: usize,
     /// Free-time trims so far (each gave something back).
     pub trims: usize,
     /// The free-time trim threshold now in force, in bytes (0: no free-time trim).
@@ -1716,6 +1720,7 @@ impl Inner {
             dtor_calls,
             slabs,
             slab_bytes: slabs * slab.slab_pages * PAGE,
+            header_bytes: slab.header_pages * PAGE,
             // Relaxed (three): statistics.
             trims: self.trim.as_ref().map_or(0, |t| t.trims.load(Ordering::Relaxed)),
             trim_threshold: self.trim.as_ref().map_or(0, |t| t.threshold.load(Ordering::Relaxed)),

@@ -32,7 +32,10 @@
 //!   for itself, never from the global allocator), and the slab spans the fewest pages
 //!   that waste at most an eighth of the slab (12.5%); with colour room
 //!   ([`SlabCacheBuilder::colour_room`]) the fewest that keep the room and waste at
-//!   most a sixteenth.
+//!   most a sixteenth. A destroyed slab's header goes on the cache's spare list; each
+//!   header page counts its headers in use, and [`SlabCache::shrink`] unmaps the pages
+//!   whose headers are all spare (a page-sized object's slab is one object, so a
+//!   program that freed 256 MiB of 4 KiB blocks otherwise kept 10 MiB of headers).
 //! - **colour**: the offset of a slab's first object, stepping by a cache line (or the
 //!   alignment, if larger) from one slab to the next within the slab's slack, so that the
 //!   first objects of different slabs do not all fall on the same cache sets.
@@ -276,6 +279,22 @@ pub struct SlabStats {
     pub slabs_destroyed: usize,
     /// Poisoned objects found written to after their free (checking mode).
     pub corruptions: usize,
+    /// Pages mapped for external slab headers now (large caches: one header per slab);
+    /// [`shrink`](SlabCache::shrink) gives back those whose headers are all spare.
+    pub header_pages: usize,
+}
+
+/// The in-use count of the header page that holds the external header `h`: the page's
+/// second word ([`SlabCache::spare_header`]).
+///
+/// # Safety
+/// `h` lies in a live header page of a cache whose lock the caller holds.
+unsafe fn header_uses(h: *mut SlabHeader) -> *mut usize {
+    // The page's base, with `h`'s provenance (the page is one mapping).
+    let back = h.addr() & (PAGE - 1);
+    // SAFETY: the caller's: `h` is `back` bytes into its page; the second word of the
+    // page lies before every header (headers start at CACHE_LINE).
+    unsafe { h.cast::<u8>().sub(back).cast::<usize>().add(1) }
 }
 
 /// A doubly linked list of slab headers.
@@ -333,8 +352,10 @@ struct CacheState {
     colour_next: usize,
     /// Spare external headers (large caches), linked through `locked.next`.
     spare: *mut SlabHeader,
-    /// Pages of external headers, linked through their first word.
+    /// Pages of external headers, linked through their first word; the second word
+    /// counts the page's headers in use (not spare).
     header_pages: *mut u8,
+    header_page_count: usize,
     allocated: usize,
     slabs_created: usize,
     slabs_destroyed: usize,
@@ -531,6 +552,7 @@ impl<'r> SlabCacheBuilder<'r> {
                 colour_next: 0,
                 spare: ptr::null_mut(),
                 header_pages: ptr::null_mut(),
+                header_page_count: 0,
                 allocated: 0,
                 slabs_created: 0,
                 slabs_destroyed: 0,
@@ -797,9 +819,8 @@ impl<'r> SlabCache<'r> {
             }
             Err(e) => {
                 if let Some(h) = external {
-                    // SAFETY: the spare header was not used; back on the spare list.
-                    unsafe { (*h.as_ptr()).locked.next = s.spare };
-                    s.spare = h.as_ptr();
+                    // SAFETY: under the lock; the spare header was not used.
+                    unsafe { Self::unuse_header(s, h.as_ptr()) };
                 }
                 Err(e)
             }
@@ -810,11 +831,13 @@ impl<'r> SlabCache<'r> {
     fn spare_header(&self, s: &mut CacheState) -> Result<NonNull<SlabHeader>, AllocError> {
         if s.spare.is_null() {
             let page = os::map(PAGE)?.as_ptr();
-            // SAFETY: a fresh page: its first word links the cache's header pages, the
-            // rest is cut into headers (aligned: the header's alignment divides 64).
+            // SAFETY: a fresh page: its first word links the cache's header pages, its
+            // second counts its headers in use (0: the fresh mapping is zero), the rest
+            // is cut into headers (aligned: the header's alignment divides 64).
             unsafe {
                 page.cast::<*mut u8>().write(s.header_pages);
                 s.header_pages = page;
+                s.header_page_count += 1;
                 let mut at = CACHE_LINE;
                 while at + size_of::<SlabHeader>() <= PAGE {
                     let h = page.add(at).cast::<SlabHeader>();
@@ -827,8 +850,74 @@ impl<'r> SlabCache<'r> {
         let h = s.spare;
         // SAFETY: a spare header's `locked.next` links the spare list.
         s.spare = unsafe { (*h).locked.next };
+        // SAFETY: `h` lies in one of our header pages, whose second word is its count.
+        unsafe { *header_uses(h) += 1 };
         // SAFETY: non-null: the list was refilled above.
         Ok(unsafe { NonNull::new_unchecked(h) })
+    }
+
+    /// Puts the external header `h` back on the spare list.
+    ///
+    /// # Safety
+    /// Under the lock; `h` came from [`spare_header`](Self::spare_header) and no slab
+    /// uses it any more.
+    unsafe fn unuse_header(s: &mut CacheState, h: *mut SlabHeader) {
+        // SAFETY: the caller's: ours, unused; its page's count counted it.
+        unsafe {
+            *header_uses(h) -= 1;
+            (*h).locked.next = s.spare;
+        }
+        s.spare = h;
+    }
+
+    /// Gives back the header pages none of whose headers is in use: their headers leave
+    /// the spare list, then the pages are unlinked and unmapped. Under the lock.
+    fn release_header_pages(s: &mut CacheState) {
+        // Nothing to do unless some page is wholly spare (one pass over the pages).
+        let mut page = s.header_pages;
+        let mut idle = false;
+        while let Some(p) = NonNull::new(page) {
+            // SAFETY: a header page of ours: word 0 links the next, word 1 counts uses.
+            unsafe {
+                idle |= p.as_ptr().cast::<usize>().add(1).read() == 0;
+                page = p.as_ptr().cast::<*mut u8>().read();
+            }
+        }
+        if !idle {
+            return;
+        }
+        // The spare list without the idle pages' headers.
+        let mut kept: *mut SlabHeader = ptr::null_mut();
+        let mut h = s.spare;
+        while !h.is_null() {
+            // SAFETY: a spare header of ours: `locked.next` links the list, and its page's
+            // count is readable.
+            let (next, idle) = unsafe { ((*h).locked.next, *header_uses(h) == 0) };
+            if !idle {
+                // SAFETY: as above.
+                unsafe { (*h).locked.next = kept };
+                kept = h;
+            }
+            h = next;
+        }
+        s.spare = kept;
+        // Unlink and unmap the idle pages.
+        let mut link: *mut *mut u8 = &raw mut s.header_pages;
+        // SAFETY: `link` is the list head or a live page's first word; every page on the
+        // list is a mapping of PAGE bytes made by `spare_header`, and an idle one holds
+        // no header in use and none on the spare list any more.
+        unsafe {
+            while let Some(p) = NonNull::new(*link) {
+                let next = p.as_ptr().cast::<*mut u8>().read();
+                if p.as_ptr().cast::<usize>().add(1).read() == 0 {
+                    *link = next;
+                    os::unmap(p, PAGE);
+                    s.header_page_count -= 1;
+                } else {
+                    link = p.as_ptr().cast::<*mut u8>();
+                }
+            }
+        }
     }
 
     /// Gives an empty slab (on no list) back to its region.
@@ -843,9 +932,9 @@ impl<'r> SlabCache<'r> {
         // object in it is allocated, and we touch nothing in it afterwards.
         unsafe { self.regions.free_run(NonNull::new_unchecked(base), c.slab_pages) };
         if !c.small {
-            // SAFETY: the external header is ours again (the page map no longer names it).
-            unsafe { (*h).locked.next = s.spare };
-            s.spare = h;
+            // SAFETY: under the lock; the external header is ours again (the page map no
+            // longer names it).
+            unsafe { Self::unuse_header(s, h) };
         }
         s.slabs_destroyed += 1;
     }
@@ -994,6 +1083,7 @@ impl<'r> SlabCache<'r> {
                     self.destroy_slab(s, h);
                 }
             }
+            Self::release_header_pages(s);
         });
     }
 
@@ -1038,6 +1128,7 @@ impl<'r> SlabCache<'r> {
             slabs_created: s.slabs_created,
             slabs_destroyed: s.slabs_destroyed,
             corruptions: s.corruptions,
+            header_pages: s.header_page_count,
         })
     }
 
@@ -1137,6 +1228,32 @@ impl<'r> SlabCache<'r> {
                 s.slabs_created - s.slabs_destroyed,
                 "slab: slab count"
             );
+            // External headers: each page's count is its headers in use, which add up
+            // to the slabs, and the pages and spare headers add up to the pages' room.
+            let (mut pages, mut uses) = (0, 0);
+            let mut page = s.header_pages;
+            while let Some(p) = NonNull::new(page) {
+                pages += 1;
+                // SAFETY: a header page of ours, under the lock: word 0 links the next,
+                // word 1 counts uses.
+                unsafe {
+                    uses += p.as_ptr().cast::<usize>().add(1).read();
+                    page = p.as_ptr().cast::<*mut u8>().read();
+                }
+            }
+            assert_eq!(pages, s.header_page_count, "slab: header page count");
+            if !c.small {
+                assert_eq!(uses, s.partial.len + s.full.len + s.empty.len, "slab: header uses");
+                let mut spare = 0;
+                let mut h = s.spare;
+                while !h.is_null() {
+                    spare += 1;
+                    // SAFETY: a spare header of ours, under the lock.
+                    h = unsafe { (*h).locked.next };
+                }
+                let per_page = (PAGE - CACHE_LINE) / size_of::<SlabHeader>();
+                assert_eq!(spare + uses, pages * per_page, "slab: spare and used headers");
+            }
         });
     }
 }
