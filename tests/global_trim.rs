@@ -45,10 +45,12 @@ fn freed_blocks_leave_the_resident_set_at_once() {
         .collect();
     live.wait();
     let at_peak = rss();
+    let headers_at_peak = global::class_stats(PAGE).unwrap().header_bytes;
     live.wait();
     freed.wait();
     let after = rss();
     let stats = global::stats();
+    let headers_after = global::class_stats(PAGE).unwrap().header_bytes;
     for h in handles {
         h.join().unwrap();
     }
@@ -67,5 +69,13 @@ fn freed_blocks_leave_the_resident_set_at_once() {
         "only {} KiB of {} KiB left the resident set: {stats:?}",
         (at_peak - after) >> 10,
         total >> 10
+    );
+    // The slab headers of the trimmed blocks (one per 4 KiB block, about 25 to a page)
+    // go back with them: what the trim keeps needs a fraction of the peak's pages.
+    assert!(
+        headers_after * 2 <= headers_at_peak,
+        "{} KiB of slab headers at the peak, {} KiB after the trim",
+        headers_at_peak >> 10,
+        headers_after >> 10
     );
 }

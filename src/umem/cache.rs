@@ -1506,6 +1506,8 @@ impl Inner {
         let rounds = self.cpu.trim_depot(threshold / 2 / magazine, &mut sink);
         if rounds > 0 {
             self.regions.purge(PURGE_DIRTY_PAGES);
+            // The headers of the slabs the trim destroyed go back with their pages.
+            self.shared.slab.release_header_pages();
             trim.at.store(now, Ordering::Relaxed);
             trim.created.store(self.shared.slab.stats().slabs_created, Ordering::Relaxed);
             trim.bytes.store(rounds * self.size, Ordering::Relaxed);

@@ -872,7 +872,7 @@ impl<'r> SlabCache<'r> {
 
     /// Gives back the header pages none of whose headers is in use: their headers leave
     /// the spare list, then the pages are unlinked and unmapped. Under the lock.
-    fn release_header_pages(s: &mut CacheState) {
+    fn release_idle_header_pages(s: &mut CacheState) {
         // Nothing to do unless some page is wholly spare (one pass over the pages).
         let mut page = s.header_pages;
         let mut idle = false;
@@ -1083,8 +1083,15 @@ impl<'r> SlabCache<'r> {
                     self.destroy_slab(s, h);
                 }
             }
-            Self::release_header_pages(s);
+            Self::release_idle_header_pages(s);
         });
+    }
+
+    /// Gives back the pages of external headers none of whose headers is in use, as
+    /// [`shrink`](Self::shrink) does after destroying the empty slabs (the object
+    /// cache's free-time trim calls it after its own slabs went back).
+    pub(crate) fn release_header_pages(&self) {
+        self.inner().state.with(Self::release_idle_header_pages);
     }
 
     /// If `ptr` is inside an object of this cache's slabs, that object's base. Safe for
