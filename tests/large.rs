@@ -193,11 +193,12 @@ fn a_miss_extends_a_dirty_block_into_the_free_space_after_it() {
     let s = heap.stats();
     assert_eq!((s.maps, s.extended, s.reused, s.dirty, s.in_use), (maps, 1, 0, 0, 3 << 19), "{s:?}");
     assert_eq!(s.pieces, 0, "the extension is joined to the block in the arena: {s:?}");
-    // Faults only for the fresh half MiB (128 pages), none for the resident MiB.
+    // Faults only for the fresh half MiB (128 pages, plus under AddressSanitizer the
+    // 16 pages of their shadow), none for the resident MiB (a fresh block: 384).
     let before = minor_faults();
     fill(grown, 3 << 19, 4);
     let faults = minor_faults() - before;
-    assert!((1..=140).contains(&faults), "{faults} faults: the extension is 128 fresh pages");
+    assert!((1..=160).contains(&faults), "{faults} faults: the extension is 128 fresh pages");
     heap.assert_valid();
     heap.free(grown).unwrap();
     assert_eq!(heap.stats().dirty, 3 << 19, "one cached block of both pieces");
