@@ -5,6 +5,8 @@
 //! 10 MiB of headers were most of what the process kept. A binary of its own: the class
 //! must see no other user.
 
+mod common;
+
 use scalemem::umem::global;
 
 const PAGE: usize = 4096;
@@ -12,15 +14,7 @@ const BLOCKS: usize = 4096;
 
 #[test]
 fn a_decayed_class_gives_back_its_slab_header_pages() {
-    let blocks: Vec<usize> = (0..BLOCKS)
-        .map(|i| {
-            let p = global::malloc(PAGE);
-            assert!(!p.is_null());
-            // SAFETY: PAGE writable bytes of ours.
-            unsafe { p.write_bytes(i as u8 | 1, PAGE) };
-            p as usize
-        })
-        .collect();
+    let blocks = common::global_blocks(BLOCKS, PAGE);
     let live = global::class_stats(PAGE).unwrap();
     // One header per block (one object per slab), about 25 to a page.
     assert!(live.header_bytes >= BLOCKS / 26 * PAGE, "{live:?}");

@@ -3,6 +3,8 @@
 //! away, as glibc's heap trim does, not only after the maintenance interval. A binary of
 //! its own: the figure is the process's resident set.
 
+mod common;
+
 use std::sync::{Arc, Barrier};
 
 use scalemem::umem::global;
@@ -24,15 +26,7 @@ fn freed_blocks_leave_the_resident_set_at_once() {
         .map(|_| {
             let (live, freed) = (Arc::clone(&live), Arc::clone(&freed));
             std::thread::spawn(move || {
-                let blocks: Vec<usize> = (0..BLOCKS)
-                    .map(|i| {
-                        let p = global::malloc(PAGE);
-                        assert!(!p.is_null());
-                        // SAFETY: PAGE writable bytes of ours.
-                        unsafe { p.write_bytes(i as u8 | 1, PAGE) };
-                        p as usize
-                    })
-                    .collect();
+                let blocks = common::global_blocks(BLOCKS, PAGE);
                 live.wait();
                 live.wait(); // the main thread has read the resident set
                 for p in blocks {

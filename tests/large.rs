@@ -120,9 +120,7 @@ fn a_larger_dirty_block_is_cut_and_its_rest_reused() {
     // Faults counted around the writes alone (code run for the first time, under a
     // sanitizer especially, faults its pages in). Fresh pages would be 768 faults; the
     // test's own stack may take one or two.
-    let before = minor_faults();
-    fill(b, 3 << 20, 8);
-    let faults = minor_faults() - before;
+    let faults = fill_faults(b, 3 << 20, 8);
     assert!(faults <= 4, "{faults} faults: the rest's pages were not the resident ones");
     let s = heap.stats();
     assert_eq!((s.maps, s.dirty, s.reused, s.cuts), (maps, 0, 2, 1));
@@ -162,9 +160,7 @@ fn freed_neighbours_merge_for_a_larger_request() {
     assert_eq!(addr(big), addr(blocks[0]), "the four, merged");
     // Faults counted around the writes alone, as in the test above (fresh pages would be
     // 512 faults).
-    let before = minor_faults();
-    fill(big, 2 << 20, 9);
-    let faults = minor_faults() - before;
+    let faults = fill_faults(big, 2 << 20, 9);
     assert!(faults <= 4, "{faults} faults: the merged pages were not the resident ones");
     let s = heap.stats();
     assert_eq!((s.maps, s.merges, s.dirty, s.in_use), (maps, 3, 0, 2 << 20));
@@ -199,15 +195,11 @@ fn a_miss_extends_a_dirty_block_into_the_free_space_after_it() {
     let fresh = {
         let other = LargeHeap::new(patient()).unwrap();
         let p = other.alloc(3 << 19, PAGE).unwrap();
-        let before = minor_faults();
-        fill(p, 3 << 19, 5);
-        let faults = minor_faults() - before;
+        let faults = fill_faults(p, 3 << 19, 5);
         other.free(p).unwrap();
         faults
     };
-    let before = minor_faults();
-    fill(grown, 3 << 19, 4);
-    let faults = minor_faults() - before;
+    let faults = fill_faults(grown, 3 << 19, 4);
     assert!(faults >= 1 && faults * 2 < fresh, "{faults} faults, against {fresh} for a fresh block");
     heap.assert_valid();
     heap.free(grown).unwrap();
@@ -312,6 +304,14 @@ fn growing_buffers_reuse_what_they_freed() {
     for (p, _) in live {
         heap.free(p).unwrap();
     }
+}
+
+/// The minor page faults [`fill`] takes (counted around the writes alone: code run for
+/// the first time faults its own pages in).
+fn fill_faults(p: NonNull<u8>, len: usize, seed: u8) -> i64 {
+    let before = minor_faults();
+    fill(p, len, seed);
+    minor_faults() - before
 }
 
 /// Minor page faults taken by this thread so far.

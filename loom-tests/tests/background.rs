@@ -135,6 +135,20 @@ fn stop(bg: &Bg, threads: &Threads) -> bool {
     stopped
 }
 
+/// Two threads of process `pid` start at once: how many maintenance threads they spawned.
+fn two_starts(bg: &Arc<Bg>, threads: &Arc<Threads>, pid: i32) -> usize {
+    let starts: Vec<_> = (0..2)
+        .map(|_| {
+            let (bg, threads) = (bg.clone(), threads.clone());
+            thread::spawn(move || {
+                PID.with(|p| p.set(pid));
+                start(&bg, &threads)
+            })
+        })
+        .collect();
+    starts.into_iter().map(|h| h.join().unwrap()).filter(|&s| s).count()
+}
+
 /// Joins every maintenance thread the model spawned.
 fn join_all(threads: &Threads) {
     let handles = std::mem::take(&mut *threads.handles.lock().unwrap());
@@ -174,13 +188,7 @@ fn two_starts_one_thread() {
     run_model("background: two starts, one thread", || {
         let threads = Threads::new();
         let bg = Arc::new(Background::new(ModelKernel(threads.clone())));
-        let starts: Vec<_> = (0..2)
-            .map(|_| {
-                let (bg, threads) = (bg.clone(), threads.clone());
-                thread::spawn(move || start(&bg, &threads))
-            })
-            .collect();
-        let started = starts.into_iter().map(|h| h.join().unwrap()).filter(|&s| s).count();
+        let started = two_starts(&bg, &threads, 1);
         assert_eq!(started, 1, "two starts spawned {started} threads");
         assert_eq!(threads.live_in(1), 1);
         assert!(stop(&bg, &threads));
@@ -214,16 +222,7 @@ fn forked_child_takes_over() {
         // The fork: from here on this thread is the child's, pid 2.
         PID.with(|p| p.set(2));
         TID.with(|t| t.set(0));
-        let starts: Vec<_> = (0..2)
-            .map(|_| {
-                let (bg, threads) = (bg.clone(), threads.clone());
-                thread::spawn(move || {
-                    PID.with(|p| p.set(2));
-                    start(&bg, &threads)
-                })
-            })
-            .collect();
-        let started = starts.into_iter().map(|h| h.join().unwrap()).filter(|&s| s).count();
+        let started = two_starts(&bg, &threads, 2);
         assert_eq!(started, 1, "the child's two starts spawned {started} threads");
         assert_eq!(threads.live_in(2), 1);
         assert!(stop(&bg, &threads));

@@ -595,6 +595,30 @@ impl Inner {
         Some((at, size))
     }
 
+    /// Appends the allocated segment of `size` bytes right after the block
+    /// `[base, base + reserved)` (first piece `head` bytes) to it: joined in the arena
+    /// to the block's last piece when the two lie in one span ([`Vmem::join`]), recorded
+    /// as a piece of its own otherwise (the caller has reserved room for the record).
+    /// Returns the block's first piece's size after.
+    fn append_piece(&mut self, vmem: &Vmem<'_>, base: usize, reserved: usize, head: usize, size: usize) -> usize {
+        match self
+            .last_piece(base, reserved, head)
+            .filter(|&(last, last_size)| vmem.join(last, last_size, size).is_ok())
+        {
+            Some((last, _)) if last == base => head + size,
+            Some((last, _)) => {
+                if let Some(piece) = self.pieces.get_mut(last) {
+                    *piece += size;
+                }
+                head
+            }
+            None => {
+                self.pieces.insert(base + reserved, size);
+                head
+            }
+        }
+    }
+
     /// Joins each piece of the block `[base, base + reserved)` (first piece `head`
     /// bytes) to the piece before it in the arena where the two lie in one span
     /// ([`Vmem::join`]), dropping its record; returns the first piece's new size. Stops
@@ -644,24 +668,10 @@ impl Inner {
                 && prev.base + prev.reserved == cur.base
                 && self.pieces.reserve(1).is_ok()
             {
-                // The next block's head joined to the last piece in the arena needs no
-                // record; else it becomes a piece.
-                let joined = self
-                    .last_piece(prev.base, prev.reserved, prev.head)
-                    .filter(|&(at, size)| vmem.join(at, size, cur.head).is_ok());
-                match joined {
-                    Some((at, _)) if at != prev.base => {
-                        if let Some(piece) = self.pieces.get_mut(at) {
-                            *piece += cur.head;
-                        }
-                    }
-                    Some(_) => {}
-                    None => self.pieces.insert(cur.base, cur.head),
-                }
+                // The next block's head, appended (its later pieces keep their records).
+                let head = self.append_piece(vmem, prev.base, prev.reserved, prev.head, cur.head);
                 if let Some(merged) = self.cache_mut().get_mut(kept - 1) {
-                    if joined.is_some_and(|(at, _)| at == prev.base) {
-                        merged.head += cur.head;
-                    }
+                    merged.head = head;
                     merged.reserved += cur.reserved;
                     merged.since = merged.since.max(cur.since);
                     merged.seq = merged.seq.max(cur.seq);
@@ -743,23 +753,7 @@ impl Inner {
             }
             no_huge_pages_on_partial_chunks(at, d, self.chunk);
             let c = self.take_cached(i)?;
-            // Joined to the block's last piece in the arena (unless the extension lies
-            // in the next span), else a piece of its own.
-            let joined =
-                self.last_piece(c.base, c.reserved, c.head).filter(|&(last, size)| vmem.join(last, size, d).is_ok());
-            let head = match joined {
-                Some((last, _)) if last == c.base => n,
-                Some((last, _)) => {
-                    if let Some(piece) = self.pieces.get_mut(last) {
-                        *piece += d;
-                    }
-                    c.head
-                }
-                None => {
-                    self.pieces.insert(at, d);
-                    c.head
-                }
-            };
+            let head = self.append_piece(vmem, c.base, c.reserved, c.head, d);
             self.extended += 1;
             return Some((c.base, Live { reserved: n, usable: n, head }));
         }

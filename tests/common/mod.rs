@@ -147,3 +147,17 @@ pub fn largest_gap(spans: &[(usize, usize)], live: &std::collections::BTreeMap<u
     }
     best
 }
+
+/// `n` blocks of `size` bytes from `umem::global::malloc`, block `i` filled with
+/// `i | 1`: their addresses.
+pub fn global_blocks(n: usize, size: usize) -> Vec<usize> {
+    (0..n)
+        .map(|i| {
+            let p = scalemem::umem::global::malloc(size);
+            assert!(!p.is_null());
+            // SAFETY: `size` writable bytes of ours.
+            unsafe { p.write_bytes(i as u8 | 1, size) };
+            p as usize
+        })
+        .collect()
+}
