@@ -586,6 +586,9 @@ impl Rng {
 
 #[test]
 fn random_model() {
+    // Merges over all seeds: how many a seed makes hangs on the real clock's decay (a
+    // merge needs dirty neighbours, and a slower build madvises more of them first).
+    let mut merges = 0;
     for seed in [1u64, 0xDEAD_BEEF, 42] {
         let config = LargeConfig {
             decay: Duration::from_millis(2),
@@ -674,13 +677,15 @@ fn random_model() {
         // Every path ran: reuse (whole, cut, after a merge), grow and its refusal, decay's
         // madvise and release, unmaps.
         assert!(grown > 0 && not_grown > 0 && s.reused > 0 && s.purged > 0 && s.released > 0 && s.unmaps > 0);
-        assert!(s.cuts > 0 && s.merges > 0, "seed {seed}: {s:?}");
+        assert!(s.cuts > 0, "seed {seed}: {s:?}");
+        merges += s.merges;
         heap.decay_at(u64::MAX);
         let s = heap.stats();
         assert_eq!((s.live, s.in_use, s.dirty, s.madvised, s.mapped), (0, 0, 0, 0, 0), "seed {seed}");
         assert_eq!(s.maps, s.unmaps);
         heap.assert_valid();
     }
+    assert!(merges > 0, "no seed merged freed neighbours");
 }
 
 #[test]
